@@ -1,0 +1,20 @@
+# The two commands a new user needs: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+TORCH  := torch==2.13.0
+
+.PHONY: demo test
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[dev,demo]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(PY) -m shardmaker.demo
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q

@@ -1,0 +1,5 @@
+import sys
+
+from shardmaker.cli import main
+
+sys.exit(main())

@@ -1,0 +1,137 @@
+"""Per-sample work, run in build worker processes: read, check, make LR, encode, describe."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+import fsspec
+import numpy as np
+
+from shardmaker import codecs, tario
+from shardmaker.codecs import Codec, ImageDataError
+from shardmaker.errors import InputError
+from shardmaker.resize import ResizeMethod, downscale
+from shardmaker.sources import Pair, Skipped
+
+PROVIDED = "provided"
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleConfig:
+    """Everything that decides a sample's bytes (and nothing that does not)."""
+
+    scales: tuple[int, ...]  # generated scales; ignored when LR images are provided
+    codec: Codec = Codec.PNG
+    png_level: int = 1
+    lr_method: str = ResizeMethod.MATLAB.value  # or "provided"
+    mod_crop: bool = True
+    drop_alpha: bool = False
+    max_pixels: int = 1 << 28
+    storage_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.png_level <= 9:
+            raise ValueError(f"png level must be 0..9, got {self.png_level}")
+        if self.lr_method != PROVIDED:
+            ResizeMethod(self.lr_method)
+            if not self.scales or any(s < 2 for s in self.scales):
+                raise ValueError(f"scales must be integers >= 2, got {self.scales}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedSample:
+    key: str
+    tar_bytes: bytes  # the sample's tar members, ready to append to a shard
+    hr_size: tuple[int, int]
+
+
+def _read(url: str, storage_options: dict[str, Any]) -> bytes:
+    try:
+        with fsspec.open(url, "rb", **storage_options) as f:
+            return f.read()
+    except OSError as exc:
+        raise InputError(url, f"cannot read ({exc})") from None
+
+
+def _load(url: str, cfg: SampleConfig) -> np.ndarray:
+    try:
+        return codecs.load_source(_read(url, cfg.storage_options), cfg.drop_alpha, cfg.max_pixels)
+    except ImageDataError as exc:
+        raise InputError(url, str(exc)) from None
+
+
+def _describe(arr: np.ndarray) -> tuple[int, int]:
+    return (16 if arr.dtype == np.uint16 else 8), (1 if arr.ndim == 2 else arr.shape[2])
+
+
+def _lr_images(pair: Pair, hr: np.ndarray, cfg: SampleConfig) -> dict[int, tuple[np.ndarray, str | None]]:
+    """scale -> (LR array, LR source relative path or None when generated)."""
+    h, w = hr.shape[:2]
+    out: dict[int, tuple[np.ndarray, str | None]] = {}
+    if cfg.lr_method == PROVIDED:
+        for s, url, rel in pair.lr:
+            lr = _load(url, cfg)
+            lh, lw = lr.shape[:2]
+            if not (0 <= h - s * lh < s and 0 <= w - s * lw < s) or ((h, w) != (s * lh, s * lw) and not cfg.mod_crop):
+                raise InputError(url, f"LR {lw}x{lh} does not fit HR {w}x{h} at scale {s}")
+            if _describe(lr) != _describe(hr):
+                raise InputError(url, f"LR is {_describe(lr)} (bit depth, channels) but HR is {_describe(hr)}")
+            out[s] = (lr, rel)
+        return out
+    method = ResizeMethod(cfg.lr_method)
+    if method is ResizeMethod.MATLAB_UINT8 and hr.dtype != np.uint8:
+        raise InputError(pair.hr, "16-bit image: --lr-method matlab-uint8 takes 8-bit images only (use matlab)")
+    for s in sorted(cfg.scales):
+        ch, cw = (h // s) * s, (w // s) * s
+        if ch == 0 or cw == 0:
+            raise InputError(pair.hr, f"{w}x{h} is smaller than the scale {s}")
+        if (ch, cw) != (h, w) and not cfg.mod_crop:
+            raise InputError(pair.hr, f"{w}x{h} is not a multiple of the scale {s} (allow with --mod-crop)")
+        out[s] = (downscale(hr[:ch, :cw], s, method), None)
+    return out
+
+
+def encode_sample(pair: Pair, cfg: SampleConfig) -> EncodedSample:
+    """Build one sample's tar members: ``{key}.json``, ``{key}.hr.ext``, ``{key}.lr_x{s}.ext``."""
+    hr = _load(pair.hr, cfg)
+    h, w = hr.shape[:2]
+    lrs = _lr_images(pair, hr, cfg)
+    ext = Codec(cfg.codec).value
+    members: dict[str, bytes] = {}
+    try:
+        members[f"hr.{ext}"] = codecs.encode(hr, cfg.codec, cfg.png_level)
+        for s, (lr, _) in lrs.items():
+            members[f"lr_x{s}.{ext}"] = codecs.encode(lr, cfg.codec, cfg.png_level)
+    except ImageDataError as exc:
+        raise InputError(pair.hr, str(exc)) from None
+    bit_depth, channels = _describe(hr)
+    meta: dict[str, Any] = {
+        "key": pair.key,
+        "source": pair.hr_rel,
+        "hr_size": [w, h],
+        "scales": sorted(lrs),
+        "bit_depth": bit_depth,
+        "channels": channels,
+        "lr_method": cfg.lr_method,
+        "lr_sizes": {str(s): [lr.shape[1], lr.shape[0]] for s, (lr, _) in lrs.items()},
+        "hr_crop": {str(s): [s * lr.shape[1], s * lr.shape[0]] for s, (lr, _) in lrs.items()},
+        "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in members.items()},
+    }
+    if cfg.lr_method == PROVIDED:
+        meta["lr_sources"] = {str(s): rel for s, (_, rel) in lrs.items()}
+    blob = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+    parts = [tario.member_bytes(f"{pair.key}.json", blob)]
+    parts += [tario.member_bytes(f"{pair.key}.{name}", data) for name, data in members.items()]
+    return EncodedSample(pair.key, b"".join(parts), (w, h))
+
+
+def encode_or_skip(pair: Pair, cfg: SampleConfig, skip: bool) -> EncodedSample | Skipped:
+    """``encode_sample``, turning bad input into a ``Skipped`` record when skipping."""
+    try:
+        return encode_sample(pair, cfg)
+    except InputError as exc:
+        if not skip:
+            raise
+        return Skipped(exc.path, exc.reason)

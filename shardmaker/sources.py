@@ -1,0 +1,232 @@
+"""Find HR images, pair them with provided LR images, and decide each LR folder's scale.
+
+Pairing: an LR file pairs with the HR file of the same relative stem, or of that stem with an
+``x{s}`` suffix removed (``0001x4.png``, ``babyx4.png``: DIV2K and Set5 naming). The scale is
+read from the size ratio (HR may exceed s x LR by less than s on each side: the usual mod-crop).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import posixpath
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import fsspec
+
+from shardmaker import codecs, storage
+from shardmaker.errors import InputError
+
+log = logging.getLogger(__name__)
+_XSUFFIX = re.compile(r"^(.*?)x(\d+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    """One sample's sources: the HR image and, if provided, one LR image per scale."""
+
+    key: str
+    hr: str  # URL or local path
+    hr_rel: str
+    hr_size: tuple[int, int]  # (w, h)
+    lr: tuple[tuple[int, str, str], ...] = ()  # (scale, URL, relative path), ascending scale
+
+
+@dataclasses.dataclass(frozen=True)
+class Skipped:
+    path: str
+    reason: str
+
+
+def make_key(rel_path: str) -> str:
+    """Relative path without extension, ``/`` kept, every ``.`` replaced by ``_``."""
+    stem, _ = posixpath.splitext(rel_path)
+    return stem.replace(".", "_")
+
+
+def _list_images(fs: fsspec.AbstractFileSystem, root: str, exclude: Iterable[str] = ()) -> list[str]:
+    excluded = [e.rstrip("/") + "/" for e in exclude]
+    found = []
+    for path in sorted(fs.find(root)):
+        base = posixpath.basename(path)
+        if base.startswith(".") or not base.lower().endswith(codecs.SOURCE_EXTENSIONS):
+            continue
+        if any(path.startswith(e) for e in excluded):
+            continue
+        found.append(path)
+    return found
+
+
+def _open_root(url: str, what: str, storage_options: dict[str, Any] | None) -> tuple[fsspec.AbstractFileSystem, str]:
+    fs, root = storage.open_dir(url, storage_options)
+    if not fs.exists(root):
+        raise InputError(url, f"{what} does not exist")
+    if not fs.isdir(root):
+        raise InputError(url, f"{what} is not a folder")
+    return fs, root
+
+
+def header_size(fs: fsspec.AbstractFileSystem, path: str) -> tuple[int, int]:
+    """Image ``(w, h)`` from its header: the first 64 KiB, or the whole file if needed (TIFF)."""
+    try:
+        with fs.open(path, "rb") as f:
+            head = f.read(1 << 16)
+            try:
+                return codecs.image_size(head)
+            except codecs.ImageDataError:
+                if len(head) < (1 << 16):
+                    raise
+            head += f.read()
+        return codecs.image_size(head)
+    except codecs.ImageDataError as exc:
+        raise InputError(path, str(exc)) from None
+    except OSError as exc:
+        raise InputError(path, f"cannot read ({exc})") from None
+
+
+def scale_of(hr_size: tuple[int, int], lr_size: tuple[int, int], mod_crop: bool) -> int:
+    """Integer scale s with HR = s x LR (+ less than s with mod-crop); ValueError otherwise."""
+    (hw, hh), (lw, lh) = hr_size, lr_size
+    if lw < 1 or lh < 1 or hw < lw or hh < lh:
+        raise ValueError(f"LR {lw}x{lh} is not smaller than HR {hw}x{hh}")
+    sw, sh = hw // lw, hh // lh
+    if sw != sh or sw < 2:
+        raise ValueError(f"HR {hw}x{hh} / LR {lw}x{lh} is not one integer scale on both axes")
+    s = sw
+    rw, rh = hw - s * lw, hh - s * lh
+    if rw >= s or rh >= s:
+        raise ValueError(f"HR {hw}x{hh} is more than a mod-crop larger than {s} x LR {lw}x{lh}")
+    if (rw or rh) and not mod_crop:
+        raise ValueError(f"HR {hw}x{hh} is not exactly {s} x LR {lw}x{lh} (allow with --mod-crop)")
+    return s
+
+
+class _Collector:
+    """Raise on the first problem, or record it and go on (``--on-error skip``)."""
+
+    def __init__(self, skip: bool) -> None:
+        self.skip = skip
+        self.skipped: list[Skipped] = []
+
+    def problem(self, path: str, reason: str) -> None:
+        if not self.skip:
+            raise InputError(path, reason)
+        log.warning("skipping %s: %s", path, reason)
+        self.skipped.append(Skipped(path, reason))
+
+
+def scan(
+    hr_url: str,
+    lr_urls: Iterable[str] = (),
+    mod_crop: bool = True,
+    skip_errors: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> tuple[list[Pair], list[Skipped]]:
+    """All pairs under ``hr_url``, sorted by key; problems raise, or are listed when skipping."""
+    lr_urls = list(lr_urls)
+    fs, hr_root = _open_root(hr_url, "HR source folder", storage_options)
+    lr_roots = [_open_root(u, "LR source folder", storage_options) for u in lr_urls]
+    hr_paths = _list_images(fs, hr_root, exclude=[r for f2, r in lr_roots if f2 is fs])
+    if not hr_paths:
+        raise InputError(hr_url, f"no images found (looked for {', '.join(codecs.SOURCE_EXTENSIONS)})")
+    out = _Collector(skip_errors)
+
+    by_key: dict[str, str] = {}
+    hr_rel: dict[str, str] = {}
+    for path in hr_paths:
+        rel = posixpath.relpath(path, hr_root)
+        key = make_key(rel)
+        if key in by_key:
+            out.problem(path, f"maps to key {key!r} like {by_key[key]} (keys must be unique)")
+            continue
+        by_key[key] = path
+        hr_rel[key] = rel
+    stem_to_key = {posixpath.splitext(r)[0]: k for k, r in hr_rel.items()}
+
+    sizes: dict[str, tuple[int, int]] = {}
+    bad: set[str] = set()
+    for key, path in by_key.items():
+        try:
+            sizes[key] = header_size(fs, path)
+        except InputError as exc:
+            out.problem(exc.path, exc.reason)
+            bad.add(key)
+
+    lr_of: dict[str, list[tuple[int, str, str]]] = {k: [] for k in by_key}
+    for url, (lfs, lroot) in zip(lr_urls, lr_roots):
+        matched: dict[str, str] = {}
+        dir_scale: int | None = None
+        dir_example = ""
+        for lpath in _list_images(lfs, lroot):
+            lrel = posixpath.relpath(lpath, lroot)
+            stem = posixpath.splitext(lrel)[0]
+            key = stem_to_key.get(stem)
+            suffix_scale = None
+            if key is None:
+                m = _XSUFFIX.match(stem)
+                if m:
+                    key = stem_to_key.get(m.group(1))
+                    suffix_scale = int(m.group(2))
+            if key is None:
+                out.problem(lpath, f"LR image has no HR image in {hr_url} (same relative name, or name + 'x<scale>')")
+                continue
+            if key in matched:
+                out.problem(lpath, f"second LR image for HR {by_key[key]} in this folder (first: {matched[key]})")
+                continue
+            matched[key] = lpath
+            if key in bad:
+                continue
+            try:
+                s = scale_of(sizes[key], header_size(lfs, lpath), mod_crop)
+                if suffix_scale is not None and suffix_scale != s:
+                    raise ValueError(f"name says x{suffix_scale} but the size ratio is {s}")
+                if dir_scale is not None and s != dir_scale:
+                    raise ValueError(f"scale {s}, but {dir_example} in the same LR folder has scale {dir_scale}")
+            except InputError as exc:
+                out.problem(exc.path, exc.reason)
+                bad.add(key)
+                continue
+            except ValueError as exc:
+                out.problem(lpath, f"{exc} (HR: {by_key[key]})")
+                bad.add(key)
+                continue
+            if dir_scale is None:
+                dir_scale, dir_example = s, lpath
+            if any(s == prev for prev, _, _ in lr_of[key]):
+                out.problem(lpath, f"a second LR folder with scale {s} (only one folder per scale)")
+                bad.add(key)
+                continue
+            lr_of[key].append((s, lfs.unstrip_protocol(lpath) if _remote(lfs) else lpath, lrel))
+        for key, path in by_key.items():
+            if key not in matched and key not in bad:
+                out.problem(path, f"HR image has no LR image in {url}")
+                bad.add(key)
+
+    pairs = []
+    for key in sorted(by_key):
+        if key in bad:
+            continue
+        hr_path = by_key[key]
+        pairs.append(
+            Pair(
+                key=key,
+                hr=fs.unstrip_protocol(hr_path) if _remote(fs) else hr_path,
+                hr_rel=hr_rel[key],
+                hr_size=sizes[key],
+                lr=tuple(sorted(lr_of[key])),
+            )
+        )
+    if lr_urls and pairs:
+        first = [s for s, _, _ in pairs[0].lr]
+        for p in pairs:
+            if [s for s, _, _ in p.lr] != first:  # pragma: no cover - guarded by per-folder scale
+                raise InputError(p.hr, "LR scales differ between samples")
+    if not pairs:
+        raise InputError(hr_url, "no usable HR/LR pairs (all skipped)")
+    return pairs, out.skipped
+
+
+def _remote(fs: fsspec.AbstractFileSystem) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return "file" not in protocols and "local" not in protocols

@@ -1,0 +1,67 @@
+"""The few fsspec operations we need, with atomic publication of finished files.
+
+Local and in-memory filesystems get "write temp, then rename". Object stores (S3, GCS, Azure)
+publish an object only when its upload completes, so we write the final name directly there.
+"""
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+import fsspec
+from fsspec.core import url_to_fs
+
+PARTIAL_SUFFIX = ".partial"
+_OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"}
+
+
+def open_dir(url: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """Filesystem and root path (no trailing slash) for a directory URL or local path."""
+    fs, root = url_to_fs(url, **(storage_options or {}))
+    return fs, root.rstrip("/") or "/"
+
+
+def join(root: str, name: str) -> str:
+    return posixpath.join(root, name)
+
+
+def is_object_store(fs: fsspec.AbstractFileSystem) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return any(p in _OBJECT_STORES for p in protocols)
+
+
+def temp_name(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    """Where a file is written before it is published under ``path``."""
+    return path if is_object_store(fs) else path + PARTIAL_SUFFIX
+
+
+def publish(fs: fsspec.AbstractFileSystem, temp: str, path: str) -> None:
+    """Make a completely written temp file visible under its final name."""
+    if temp != path:
+        fs.mv(temp, path)
+
+
+def discard(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    """Remove a file if it is there; used on error paths, so it never raises."""
+    try:
+        if fs.exists(path):
+            fs.rm(path)
+    except Exception:  # noqa: BLE001 - best effort cleanup after another error
+        pass
+
+
+def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see all of it or nothing."""
+    temp = temp_name(fs, path)
+    try:
+        with fs.open(temp, "wb") as f:
+            f.write(data)
+        publish(fs, temp, path)
+    except BaseException:
+        discard(fs, temp)
+        raise
+
+
+def read_bytes(fs: fsspec.AbstractFileSystem, path: str) -> bytes:
+    with fs.open(path, "rb") as f:
+        return f.read()

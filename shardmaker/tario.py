@@ -1,0 +1,114 @@
+"""Deterministic tar writing and a small, fast tar member reader.
+
+Writing: fixed mtime, uid/gid 0, empty uname/gname, mode 0644, GNU format (long names through
+``././@LongLink``), so the same members give the same bytes. GNU tar and Python's tarfile (hence
+stock webdataset) read the result.
+
+Reading: parses 512-byte headers directly from any file-like object positioned at a header
+(e.g. a manifest offset), yielding ``(name, data)``; no ``tarfile`` streaming overhead.
+"""
+from __future__ import annotations
+
+import tarfile
+from collections.abc import Iterator
+from typing import BinaryIO
+
+BLOCK = 512
+END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
+
+
+class TarFormatError(ValueError):
+    """Bytes that are not the tar stream we expect."""
+
+
+def member_bytes(name: str, data: bytes) -> bytes:
+    """Header(s) + data + padding for one regular-file member."""
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.type = tarfile.REGTYPE
+    header = info.tobuf(format=tarfile.GNU_FORMAT, encoding="utf-8", errors="strict")
+    pad = (-len(data)) % BLOCK
+    return header + data + b"\0" * pad
+
+
+def _field_str(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode("utf-8")
+
+
+def _field_int(raw: bytes) -> int:
+    if raw and raw[0] & 0x80:  # GNU base-256 for sizes >= 8 GiB
+        value = int.from_bytes(raw[1:], "big")
+        return value
+    text = raw.split(b"\0", 1)[0].strip()
+    return int(text, 8) if text else 0
+
+
+def _read_exact(f: BinaryIO, n: int, what: str) -> bytes:
+    data = f.read(n)
+    if len(data) != n:
+        raise TarFormatError(f"truncated tar: wanted {n} bytes of {what}, got {len(data)}")
+    return data
+
+
+def _checksum_ok(header: bytes) -> bool:
+    stored = _field_int(header[148:156])
+    computed = sum(header[:148]) + 8 * 32 + sum(header[156:])
+    return stored == computed
+
+
+def iter_members(f: BinaryIO, limit: int | None = None) -> Iterator[tuple[str, int, bytes]]:
+    """Yield ``(name, header_offset, data)`` for regular members from the current position.
+
+    ``header_offset`` counts from where reading started. Stops at the end-of-archive block,
+    at end of data, or once ``limit`` bytes have been consumed.
+    """
+    pos = 0
+    long_name: str | None = None
+    entry_start = 0
+    while limit is None or pos < limit:
+        header = f.read(BLOCK)
+        if not header:
+            return
+        if len(header) != BLOCK:
+            raise TarFormatError(f"truncated tar header at byte {pos}")
+        if header == b"\0" * BLOCK:
+            return
+        if not _checksum_ok(header):
+            raise TarFormatError(f"bad tar header checksum at byte {pos}")
+        if long_name is None:
+            entry_start = pos
+        pos += BLOCK
+        size = _field_int(header[124:136])
+        kind = header[156:157]
+        padded = size + (-size) % BLOCK
+        data = _read_exact(f, padded, f"member at byte {pos - BLOCK}")
+        pos += padded
+        if kind == b"L":  # GNU long name for the next header
+            long_name = data[:size].split(b"\0", 1)[0].decode("utf-8")
+            continue
+        name = long_name if long_name is not None else _member_name(header)
+        long_name = None
+        if kind in (b"0", b"\0"):
+            yield name, entry_start, data[:size]
+
+
+def _member_name(header: bytes) -> str:
+    name = _field_str(header[0:100])
+    if header[257:262] == b"ustar":
+        prefix = _field_str(header[345:500])
+        if prefix and header[257:263] == b"ustar\x00":  # POSIX ustar prefix field
+            name = prefix + "/" + name
+    return name
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """WebDataset convention: key is the path up to the first dot of the basename."""
+    slash = name.rfind("/")
+    dot = name.find(".", slash + 1)
+    if dot < 0:
+        raise TarFormatError(f"member {name!r} has no extension")
+    return name[:dot], name[dot + 1 :]

@@ -1,0 +1,143 @@
+"""``shardmaker verify`` and ``shardmaker info``: check shards against the manifest, summarise."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from shardmaker import codecs, manifest as mf, storage, tario
+from shardmaker.codecs import ImageDataError
+from shardmaker.manifest import Manifest, ShardInfo
+
+
+def _expected_members(m: Manifest) -> list[str]:
+    return ["json", f"hr.{m.codec}"] + [f"lr_x{s}.{m.codec}" for s in sorted(m.scales)]
+
+
+def _group(data: bytes, where: str) -> Iterator[tuple[str, int, dict[str, bytes]]]:
+    """``(key, offset, {member: bytes})`` per sample, in shard order."""
+    key, start, members = None, 0, {}
+    for name, offset, payload in tario.iter_members(io.BytesIO(data)):
+        k, ext = tario.split_name(name)
+        if k != key:
+            if key is not None:
+                yield key, start, members
+            key, start, members = k, offset, {}
+        if ext in members:
+            raise tario.TarFormatError(f"{where}: member {name} appears twice")
+        members[ext] = payload
+    if key is not None:
+        yield key, start, members
+
+
+def _check_pair(m: Manifest, key: str, members: dict[str, bytes], hr_size: list[int]) -> list[str]:
+    """Deep checks of one sample; returns problems (empty when fine)."""
+    problems = []
+    try:
+        meta: dict[str, Any] = json.loads(members["json"])
+    except ValueError as exc:
+        return [f"json is not valid JSON ({exc})"]
+    for name, digest in meta.get("sha256", {}).items():
+        if name in members and hashlib.sha256(members[name]).hexdigest() != digest:
+            problems.append(f"{name} sha256 does not match {key}.json")
+    try:
+        hr = codecs.decode(members[f"hr.{m.codec}"], m.codec)
+    except ImageDataError as exc:
+        return problems + [f"hr.{m.codec}: {exc}"]
+    h, w = hr.shape[:2]
+    if [w, h] != list(hr_size) or [w, h] != meta.get("hr_size"):
+        problems.append(f"HR is {w}x{h}, manifest says {hr_size}, json says {meta.get('hr_size')}")
+    depth = 16 if hr.dtype == np.uint16 else 8
+    chans = 1 if hr.ndim == 2 else hr.shape[2]
+    if (depth, chans) != (meta.get("bit_depth"), meta.get("channels")):
+        problems.append(f"HR is {depth}-bit x{chans}, json says {meta.get('bit_depth')}-bit x{meta.get('channels')}")
+    for s in m.scales:
+        name = f"lr_x{s}.{m.codec}"
+        try:
+            lr = codecs.decode(members[name], m.codec)
+        except ImageDataError as exc:
+            problems.append(f"{name}: {exc}")
+            continue
+        lh, lw = lr.shape[:2]
+        if not (0 <= h - s * lh < s and 0 <= w - s * lw < s):
+            problems.append(f"{name} is {lw}x{lh}: HR {w}x{h} is not {s} x LR (+ mod-crop)")
+        if lr.dtype != hr.dtype or lr.shape[2:] != hr.shape[2:]:
+            problems.append(f"{name} has another bit depth or channel count than HR")
+    return problems
+
+
+def verify_shard(m: Manifest, info: ShardInfo, data: bytes, deep: bool) -> list[str]:
+    """Problems found in one shard's bytes, each naming the shard (and key where there is one)."""
+    where = info.name
+    problems = []
+    if len(data) != info.bytes:
+        problems.append(f"{where}: {len(data)} bytes, manifest says {info.bytes}")
+    if hashlib.sha256(data).hexdigest() != info.sha256:
+        problems.append(f"{where}: sha256 does not match the manifest")
+    want = _expected_members(m)
+    seen = 0
+    try:
+        for i, (key, offset, members) in enumerate(_group(data, where)):
+            seen += 1
+            if i >= info.samples:
+                problems.append(f"{where}: extra sample {key!r} not in the manifest")
+                continue
+            if key != info.keys[i]:
+                problems.append(f"{where}: sample {i} is {key!r}, manifest says {info.keys[i]!r}")
+            if offset != info.offsets[i]:
+                problems.append(f"{where} key {key!r}: starts at byte {offset}, manifest says {info.offsets[i]}")
+            if list(members) != want:
+                problems.append(f"{where} key {key!r}: members {list(members)}, expected {want}")
+                continue
+            if deep:
+                problems += [f"{where} key {key!r}: {p}" for p in _check_pair(m, key, members, info.hr_sizes[i])]
+    except tario.TarFormatError as exc:
+        problems.append(f"{where}: {exc}")
+    if seen < info.samples:
+        problems.append(f"{where}: {seen} samples found, manifest says {info.samples}")
+    return problems
+
+
+def verify(url: str, deep: bool = False, progress: bool = True, storage_options: dict[str, Any] | None = None) -> list[str]:
+    """Every problem found in the shard set at ``url`` (empty list: all good)."""
+    m = mf.load(url, storage_options)
+    fs, root = storage.open_dir(url, storage_options)
+    problems = []
+    with tqdm(total=m.bytes, unit="B", unit_scale=True, desc="verify", disable=not progress) as bar:
+        for info in m.shards:
+            try:
+                data = storage.read_bytes(fs, storage.join(root, info.name))
+            except FileNotFoundError:
+                problems.append(f"{info.name}: missing")
+                continue
+            problems += verify_shard(m, info, data, deep)
+            bar.update(info.bytes)
+    return problems
+
+
+def info_text(url: str, storage_options: dict[str, Any] | None = None) -> str:
+    """A short human-readable summary of a shard set."""
+    m = mf.load(url, storage_options)
+    sizes = [tuple(s) for sh in m.shards for s in sh.hr_sizes]
+    pixels = [w * h for w, h in sizes]
+    lo, hi = sizes[int(np.argmin(pixels))], sizes[int(np.argmax(pixels))]
+    per = [sh.bytes for sh in m.shards]
+    rows = [
+        ("dataset", url),
+        ("format", mf.FORMAT),
+        ("samples", f"{m.samples}"),
+        ("shards", f"{len(m.shards)} ({min(per) / 1e6:.1f}-{max(per) / 1e6:.1f} MB each)"),
+        ("bytes", f"{m.bytes} ({m.bytes / 1e9:.3f} GB)"),
+        ("scales", ", ".join(f"x{s}" for s in m.scales)),
+        ("codec", m.codec),
+        ("lr method", m.lr_method),
+        ("HR size", f"{lo[0]}x{lo[1]} .. {hi[0]}x{hi[1]}"),
+        ("skipped", f"{len(m.build.get('skipped', []))} source files"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
