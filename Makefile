@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(PY) -m shardmaker.demo
+	$(PY) -m shardmaker.demo --out demo-out
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import logging
 import re
 import sys
@@ -57,8 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="build shards from a folder of HR images",
                        description="Build shards from HR_SRC (PNG/JPEG/TIFF/BMP/WebP, 8/16-bit, grey/RGB) into OUT "
                        "(a folder or fsspec URL). LR images come from --lr folders, or are made with "
-                       "MATLAB-exact bicubic (imresize) at --scale.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       "MATLAB-exact bicubic (imresize) at --scale.")
     b.add_argument("hr_src", metavar="HR_SRC", help="folder of HR images (searched recursively)")
     b.add_argument("out", metavar="OUT", help="output folder or URL (memory://, s3://bucket/prefix, ...)")
     b.add_argument("--lr", action="append", default=[], metavar="SRC",
@@ -67,25 +67,26 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--scale", type=parse_scales, default=None,
                    help="scales to generate without --lr, e.g. 4 or 2,3,4 (default 4)")
     b.add_argument("--lr-method", choices=[m.value for m in ResizeMethod], default=ResizeMethod.MATLAB.value,
-                   help="matlab: imresize on im2double input, rounded once (BasicSR); matlab-uint8: imresize on "
-                   "uint8 input, rounded after each pass (Set5/Set14/RCAN test sets)")
+                   help="matlab (default): imresize on im2double input, rounded once (BasicSR); matlab-uint8: "
+                   "imresize on uint8 input, rounded after each pass (Set5/Set14/RCAN test sets)")
     b.add_argument("--codec", choices=[c.value for c in Codec], default=Codec.PNG.value,
-                   help="png: 8/16-bit, grey/RGB; qoi: 8-bit RGB, ~5x faster to decode at about the same size")
+                   help="png (default): 8/16-bit, grey/RGB; qoi: 8-bit RGB only, ~3x faster to decode, ~25%% larger")
     b.add_argument("--png-level", type=int, default=1, choices=range(10), metavar="0-9",
-                   help="zlib level; decode speed barely depends on it, level 1 encodes ~3.5x faster than 6")
-    b.add_argument("--shard-size", type=parse_size, default=parse_size("256MB"), help="start a new shard past this size")
-    b.add_argument("--max-samples", type=int, default=None, help="at most this many samples per shard")
-    b.add_argument("--workers", type=int, default=1, help="encoding processes; the output bytes do not depend on it")
-    b.add_argument("--seed", type=int, default=0, help="seed of the sample order shuffle")
+                   help="zlib level (default 1: run-length deflate, ~5x faster to encode than level 6)")
+    b.add_argument("--shard-size", type=parse_size, default=parse_size("256MB"), help="start a new shard past this size (default 256MB; units kB, MB, GB, KiB, MiB, GiB)")
+    b.add_argument("--max-samples", type=int, default=None, help="at most this many samples per shard (default: no limit)")
+    b.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 16),
+                   help="encoding processes (default: all cores, at most 16); the output bytes do not depend on it")
+    b.add_argument("--seed", type=int, default=0, help="seed of the sample order shuffle (default 0)")
     b.add_argument("--part", type=parse_part, default=None, metavar="I/N",
                    help="build only slice I of N (0-based; a Kubernetes Indexed Job index), then `shardmaker merge OUT`")
     b.add_argument("--mod-crop", action=argparse.BooleanOptionalAction, default=True,
-                   help="allow HR sides up to s-1 px larger than s x LR (the pair is HR[:s*h, :s*w])")
+                   help="allow HR sides up to s-1 px larger than s x LR; the pair is HR[:s*h, :s*w] (default: on)")
     b.add_argument("--on-error", choices=["fail", "skip"], default="fail",
-                   help="fail: stop at the first bad file; skip: leave it out and list it in the summary")
+                   help="fail (default): stop at the first bad file, exit 2; skip: leave it out, list it in the summary")
     b.add_argument("--drop-alpha", action="store_true", help="accept RGBA/grey+alpha images by dropping alpha")
     b.add_argument("--max-pixels", type=int, default=1 << 28,
-                   help="refuse images with more pixels than this (decompression-bomb guard)")
+                   help="refuse images with more pixels than this (decompression-bomb guard; default 2^28)")
     b.add_argument("--overwrite", action="store_true", help="replace a different dataset already in OUT")
 
     g = sub.add_parser("merge", help="write manifest.json from the part manifests of a --part build",

@@ -155,18 +155,30 @@ def _png_chunk(tag: bytes, body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + tag + body + struct.pack(">I", zlib.crc32(tag + body))
 
 
-def _encode_png16(arr: np.ndarray, level: int) -> bytes:
-    """16-bit PNG (grey or RGB), which Pillow cannot write for RGB. Filter "Up" on every row."""
+def _encode_png(arr: np.ndarray, level: int) -> bytes:
+    """PNG writer for 8/16-bit grey/RGB: filter "Average" on every row, then deflate.
+
+    Level 1 uses zlib's run-length strategy. On 4K photos this encodes ~3x faster than Pillow at
+    level 1, gives smaller files, and decodes ~25% faster (bench/build_bench.py). Levels 2-9
+    use zlib's default strategy at that level. The bytes depend only on the pixels and zlib.
+    """
     h, w = arr.shape[:2]
     c = 1 if arr.ndim == 2 else arr.shape[2]
-    raw = np.ascontiguousarray(arr, dtype=">u2").reshape(h, w * c).view(np.uint8)
-    up = raw.copy()
-    up[1:] -= raw[:-1]  # uint8 arithmetic wraps mod 256, as PNG filters do
-    rows = np.empty((h, 1 + up.shape[1]), dtype=np.uint8)
-    rows[:, 0] = 2  # filter type Up
-    rows[:, 1:] = up
-    ihdr = struct.pack(">IIBBBBB", w, h, 16, 0 if c == 1 else 2, 0, 0, 0)
-    idat = zlib.compress(rows.tobytes(), level)
+    depth = 16 if arr.dtype == np.uint16 else 8
+    raw = np.ascontiguousarray(arr, dtype=">u2" if depth == 16 else np.uint8).reshape(h, -1).view(np.uint8)
+    bpp = c * depth // 8
+    # Average filter: raw - floor((left + up) / 2), neighbours outside the image count as 0.
+    pred = np.zeros(raw.shape, np.uint16)
+    pred[:, bpp:] = raw[:, :-bpp]
+    pred[1:] += raw[:-1]
+    pred >>= 1
+    rows = np.empty((h, raw.shape[1] + 1), np.uint8)
+    rows[:, 0] = 3
+    np.subtract(raw, pred, out=rows[:, 1:], casting="unsafe")  # wraps mod 256, as PNG wants
+    strategy = zlib.Z_RLE if level == 1 else zlib.Z_DEFAULT_STRATEGY
+    comp = zlib.compressobj(level, zlib.DEFLATED, 15, 9, strategy)
+    idat = comp.compress(rows.data) + comp.flush()
+    ihdr = struct.pack(">IIBBBBB", w, h, depth, 0 if c == 1 else 2, 0, 0, 0)
     return PNG_SIGNATURE + _png_chunk(b"IHDR", ihdr) + _png_chunk(b"IDAT", idat) + _png_chunk(b"IEND", b"")
 
 
@@ -179,11 +191,9 @@ def encode(arr: np.ndarray, codec: Codec, png_level: int = 1) -> bytes:
         if arr.dtype != np.uint8 or arr.ndim != 3:
             raise ImageDataError("QOI stores 8-bit RGB only; use --codec png for grey or 16-bit images")
         return bytes(qoi.encode(np.ascontiguousarray(arr)))
-    if arr.dtype == np.uint16:
-        return _encode_png16(arr, png_level)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="PNG", compress_level=png_level)
-    return buf.getvalue()
+    if arr.dtype not in (np.uint8, np.uint16) or arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[2] != 3):
+        raise ImageDataError(f"cannot store a {arr.dtype} array of shape {arr.shape} as PNG")
+    return _encode_png(arr, png_level)
 
 
 def decode(data: bytes, ext: str) -> np.ndarray:
