@@ -95,8 +95,10 @@ def _decode_png(data: bytes) -> np.ndarray:
 
 def _decode_pillow(data: bytes) -> np.ndarray:
     try:
-        im = Image.open(io.BytesIO(data))
-        im.load()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "Corrupt EXIF data": harmless for the pixels
+            im = Image.open(io.BytesIO(data))
+            im.load()
     except Exception as exc:
         raise ImageDataError(f"corrupt, truncated or unknown image ({exc})") from None
     if im.mode in ("I;16", "I;16B", "I;16L"):
@@ -121,8 +123,9 @@ def _source_size(data: bytes) -> tuple[int, int]:
     if head is not None:
         return head[0], head[1]
     try:
-        with warnings.catch_warnings(), Image.open(io.BytesIO(data)) as im:
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a header cut short warns; the caller may retry whole
+            im = Image.open(io.BytesIO(data))
             bits = getattr(im, "tag_v2", {}).get(258) if im.format == "TIFF" else None
             if isinstance(bits, tuple) and len(bits) >= 3 and max(bits) > 8:
                 raise ImageDataError("16-bit colour TIFF is not supported; convert it to 16-bit PNG")

@@ -63,3 +63,41 @@ def hr_tree(tmp_path: Path) -> Path:
         sub = "a" if i < 3 else "b/c"
         save(root / sub / f"img{i}.png", np.ascontiguousarray(img[y : y + h, x : x + w]))
     return root
+
+
+def build_shards(src: Path, out: Path, *flags: str) -> Path:
+    """Build real shards with the shardmaker CLI (in-process)."""
+    from shardmaker.cli import main
+
+    rc = main(["-q", "build", str(src), str(out), "--workers", "1", *flags])
+    assert rc == 0, f"shardmaker build failed for {src}"
+    return out
+
+
+@pytest.fixture(scope="session")
+def photo_src(tmp_path_factory) -> Path:
+    """Ten real-photo HR images of varied sizes (crops and flips of scikit-image's photos)."""
+    root = tmp_path_factory.mktemp("photo_src")
+    pics = photos()
+    for i in range(10):
+        img = pics[i % 4]
+        h, w = 200 + 13 * i, 240 + 7 * i
+        crop = img[(5 * i) % 40 :][:h, (3 * i) % 50 :][:, :w]
+        if i >= 4:
+            crop = crop[::-1]
+        save(root / f"p{i:02d}.png", np.ascontiguousarray(crop))
+    return root
+
+
+@pytest.fixture(scope="session")
+def photo_shards(tmp_path_factory, photo_src) -> Path:
+    """10 samples in 4 shards (3+3+3+1), scales 2 and 4, PNG, generated with matlab bicubic."""
+    return build_shards(photo_src, tmp_path_factory.mktemp("photo_shards") / "ds", "--scale", "2,4", "--max-samples", "3")
+
+
+@pytest.fixture(scope="session")
+def mcmaster_shards(tmp_path_factory) -> Path:
+    if REFDATA is None:
+        pytest.skip("../shared/refdata not found")
+    return build_shards(REFDATA / "mcmaster", tmp_path_factory.mktemp("mcm") / "ds", "--scale", "2,4",
+                        "--max-samples", "4", "--lr-method", "matlab")

@@ -1,0 +1,257 @@
+"""The streaming pipeline on real shards with real DataLoader worker processes."""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import wdsr
+from shardmaker.resize import ResizeMethod, downscale
+from wdsr.env import World
+
+
+def run(ds: wdsr.SRDataset, workers: int = 2) -> list[tuple]:
+    return list(wdsr.make_loader(ds, num_workers=workers, persistent_workers=False))
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha1(t.numpy().tobytes()).hexdigest()
+
+
+def test_alignment_lr_patch_is_bicubic_of_hr_patch(mcmaster_shards):
+    """Every LR patch equals the MATLAB bicubic of its HR patch away from the patch border."""
+    for scale, augment in ((4, False), (4, True), (2, True)):
+        ds = wdsr.SRDataset(str(mcmaster_shards), scale=scale, patch_size=64, patches_per_image=6, batch_size=6,
+                            shuffle_buffer=16, augment=augment, seed=1)
+        m = 3  # LR pixels near the patch border also depend on HR pixels outside the patch
+        exact = total = 0
+        for lr, hr in run(ds):
+            for a, b in zip(lr, hr):
+                ref = downscale(np.ascontiguousarray(b.permute(1, 2, 0).numpy()), scale, ResizeMethod.MATLAB)
+                got = a.permute(1, 2, 0).numpy()[m:-m, m:-m].astype(int)
+                want = ref[m:-m, m:-m].astype(int)
+                diff = np.abs(got - want)
+                assert diff.max() <= (0 if not augment else 1)  # flips only reorder float sums
+                exact += int((diff == 0).sum())
+                total += diff.size
+        assert exact / total > 0.999
+
+
+def test_shapes_dtypes_and_len_is_exact(photo_shards):
+    for workers in (0, 1, 2, 3):
+        ds = wdsr.SRDataset(str(photo_shards), scale=4, patch_size=48, patches_per_image=5, batch_size=4)
+        loader = wdsr.make_loader(ds, num_workers=workers, persistent_workers=False)
+        batches = list(loader)
+        assert len(batches) == len(loader) == max(1, workers) * ds.batches_per_worker()
+        lr, hr = batches[0]
+        assert lr.dtype == hr.dtype == torch.uint8
+        assert lr.shape == (4, 3, 12, 12) and hr.shape == (4, 3, 48, 48)
+        assert lr.is_contiguous() and hr.is_contiguous()
+    assert wdsr.to_float(lr).max() <= 1.0 and wdsr.to_float(lr).dtype == torch.float32
+
+
+def test_patch_size_must_be_multiple_of_scale(photo_shards):
+    with pytest.raises(ValueError, match="multiple of scale 4"):
+        wdsr.SRDataset(str(photo_shards), scale=4, patch_size=50)
+    with pytest.raises(ValueError, match="no x3 LR"):
+        wdsr.SRDataset(str(photo_shards), scale=3, patch_size=48)
+
+
+def test_determinism_epochs_and_persistent_workers(photo_shards):
+    def make():
+        return wdsr.SRDataset(str(photo_shards), scale=2, patch_size=32, patches_per_image=4, batch_size=4,
+                              shuffle_buffer=32, seed=5)
+
+    a = [digest(lr) + digest(hr) for lr, hr in run(make())]
+    b = [digest(lr) + digest(hr) for lr, hr in run(make())]
+    assert a == b
+    ds = make()
+    ds.set_epoch(3)
+    c = [digest(lr) for lr, _ in run(ds)]
+    assert c != [x[:40] for x in a]
+    # persistent workers: set_epoch in the trainer reaches them; a pass without set_epoch advances
+    ds = make()
+    loader = wdsr.make_loader(ds, num_workers=2, persistent_workers=True)
+    e0 = [digest(lr) for lr, _ in loader]
+    ds.set_epoch(3)
+    e3 = [digest(lr) for lr, _ in loader]
+    e4 = [digest(lr) for lr, _ in loader]  # no set_epoch: next epoch
+    assert e0 == [x[:40] for x in a] and e3 == c
+    ref = make()
+    ref.set_epoch(4)
+    assert e4 == [digest(lr) for lr, _ in run(ref)] and ds.epoch == 4
+
+
+def test_patches_do_not_depend_on_world_size_or_workers(photo_shards):
+    def patches(world: World, workers: int) -> Counter:
+        ds = wdsr.SRDataset(str(photo_shards), scale=4, patch_size=48, patches_per_image=3, batch_size=1,
+                            shuffle_buffer=0, seed=2, world=world, return_keys=True)
+        return Counter((keys[0], digest(lr), digest(hr)) for lr, hr, keys in run(ds, workers))
+
+    one = patches(World(0, 1), 1)
+    many = sum((patches(World(r, 3), 2) for r in range(3)), Counter())
+    assert sum(one.values()) == len(one) == 10 * 3
+    assert set(one) <= set(many)  # the same coordinates and transforms whatever the world
+    # 3 ranks x 2 workers x ceil(10/6) = 12 slots for 10 samples: 2 padding samples, 3 new patches each
+    assert len(set(many) - set(one)) == 2 * 3
+
+
+def test_shuffle_buffer_mixes_images_in_a_batch(photo_shards):
+    def distinct_per_batch(buffer: int) -> float:
+        ds = wdsr.SRDataset(str(photo_shards), scale=2, patch_size=32, patches_per_image=8, batch_size=8,
+                            shuffle_buffer=buffer, seed=0, return_keys=True)
+        counts = [len(set(keys)) for _, _, keys in run(ds, 1)]
+        return float(np.mean(counts))
+
+    unmixed, mixed = distinct_per_batch(0), distinct_per_batch(64)
+    assert unmixed == 1.0  # k = batch: each batch is one image
+    # buffer 64 holds ~8 images' patches: expect ~8 * (1 - (7/8)^8) = 5.3 distinct in 8 draws
+    assert mixed >= 3.5, mixed
+
+
+def test_min_patch_std_rejects_flat_patches(tmp_path):
+    from tests.conftest import build_shards, photos, save
+
+    img = photos()[0][:128, :128].copy()
+    img[:, :96] = 0  # a black border over three quarters of the frame (endoscope style)
+    save(tmp_path / "src/e.png", img)
+    shards = build_shards(tmp_path / "src", tmp_path / "ds", "--scale", "4")
+    kw = dict(scale=4, patch_size=32, patches_per_image=32, batch_size=32, shuffle_buffer=0, augment=False)
+    plain = wdsr.SRDataset(str(shards), **kw)
+    picky = wdsr.SRDataset(str(shards), min_patch_std=5.0, max_tries=20, **kw)
+    flat = lambda ds: sum(float(h.float().std()) < 1.0 for lr, hr in run(ds, 0) for h in hr)  # noqa: E731
+    assert flat(plain) >= 10 and flat(picky) == 0
+    assert picky.stats.totals()["rejected"] > 0
+
+
+def test_val_every_image_once_in_order_whole_and_tiled(photo_shards):
+    from shardmaker.manifest import load
+
+    order = [k for s in load(str(photo_shards)).shards for k in s.keys]
+    seen = []
+    for rank in range(3):
+        ds = wdsr.SRDataset(str(photo_shards), scale=4, split="val", world=World(rank, 3))
+        items = run(ds, 2)
+        assert len(items) == len(ds)
+        seen += [it.key for it in items]
+        for it in items:
+            assert it.lr.shape[0] == 1 and it.hr.shape[-1] == 4 * it.lr.shape[-1]
+    assert seen == order
+    tiled = wdsr.SRDataset(str(photo_shards), scale=4, split="val", tile=24, tile_overlap=6)
+    whole = {it.key: it.hr[0] for it in run(wdsr.SRDataset(str(photo_shards), scale=4, split="val"), 0)}
+    for it in run(tiled, 2):
+        assert it.lr.shape[0] > 1 and it.lr.shape[-1] == 24
+        back = wdsr.stitch(it.hr, [tuple(b) for b in it.boxes], 4, tuple(it.lr_size))
+        assert torch.equal(back.round().to(torch.uint8), whole[it.key])
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+
+def rewrite(ds: Path, shard_index: int, edit) -> None:
+    """Rewrite one shard's members through ``edit(name, data) -> (name, data) | None`` and fix the manifest."""
+    from shardmaker import tario
+    from shardmaker.manifest import Manifest, ShardInfo
+
+    doc = json.loads((ds / "manifest.json").read_text())
+    m = Manifest.from_json(doc)
+    info = m.shards[shard_index]
+    path = ds / info.name
+    members = list(tario.iter_members(open(path, "rb")))
+    out, offsets, keys = b"", [], []
+    for name, _, data in members:
+        got = edit(name, data)
+        if got is None:
+            continue
+        key = tario.split_name(got[0])[0]
+        if not keys or keys[-1] != key:
+            keys.append(key)
+            offsets.append(len(out))
+        out += tario.member_bytes(*got)
+    out += tario.END_OF_ARCHIVE
+    path.write_bytes(out)
+    new = ShardInfo(info.name, info.samples, len(out), hashlib.sha256(out).hexdigest(), keys, offsets, info.hr_sizes)
+    doc["shards"][shard_index] = new.to_json()
+    doc["bytes"] = sum(s["bytes"] for s in doc["shards"])
+    (ds / "manifest.json").write_text(json.dumps(doc))
+
+
+@pytest.fixture()
+def shards_copy(photo_shards, tmp_path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(photo_shards, tmp_path / "copy"))
+
+
+def first_key(ds: Path, shard_index: int = 1) -> tuple[str, str]:
+    doc = json.loads((ds / "manifest.json").read_text())
+    return doc["shards"][shard_index]["name"], doc["shards"][shard_index]["keys"][0]
+
+
+def check_fail_then_skip(ds: Path, shard: str, key: str | None, reason: str, **kw) -> None:
+    args = dict(scale=4, patch_size=48, patches_per_image=3, batch_size=4, **kw)
+    with pytest.raises(Exception) as exc:
+        run(wdsr.SRDataset(str(ds), **args), 2)
+    msg = str(exc.value)
+    assert shard in msg and reason in msg and (key is None or repr(key) in msg), msg
+    sk = wdsr.SRDataset(str(ds), on_error="skip", **args)
+    loader = wdsr.make_loader(sk, num_workers=2, persistent_workers=False)
+    assert len(list(loader)) == len(loader)  # the batch count per rank stays what it promised
+    assert sk.stats.totals()["skipped"] >= 1
+
+
+def test_corrupt_png_inside_a_shard(shards_copy):
+    shard, key = first_key(shards_copy)
+
+    def edit(name, data):
+        if name == f"{key}.hr.png":
+            data = data[:200] + bytes(b ^ 0x5A for b in data[200:260]) + data[260:]
+        return name, data
+
+    rewrite(shards_copy, 1, edit)
+    check_fail_then_skip(shards_copy, shard, key, "sha256")
+    check_fail_then_skip(shards_copy, shard, key, "hr.png", check_hashes=False)
+
+
+def test_missing_lr_member(shards_copy):
+    shard, key = first_key(shards_copy)
+    rewrite(shards_copy, 1, lambda n, d: None if n == f"{key}.lr_x4.png" else (n, d))
+    check_fail_then_skip(shards_copy, shard, key, "no lr_x4.png member")
+
+
+def test_wrong_scale_lr(shards_copy):
+    shard, key = first_key(shards_copy)
+    members = {}
+
+    def grab(name, data):
+        members[name] = data
+        return name, data
+
+    rewrite(shards_copy, 1, grab)
+    rewrite(shards_copy, 1, lambda n, d: (n, members[f"{key}.lr_x2.png"]) if n == f"{key}.lr_x4.png" else (n, d))
+    check_fail_then_skip(shards_copy, shard, key, "is not 4 x LR", check_hashes=False)
+
+
+def test_truncated_shard_and_manifest_bytes_mismatch(shards_copy):
+    shard, _ = first_key(shards_copy, 2)
+    path = shards_copy / shard
+    path.write_bytes(path.read_bytes()[:-3000])
+    check_fail_then_skip(shards_copy, shard, None, "the manifest says")
+
+
+def test_skip_logs_once_and_counts(shards_copy, caplog):
+    shard, key = first_key(shards_copy)
+    rewrite(shards_copy, 1, lambda n, d: None if n == f"{key}.lr_x4.png" else (n, d))
+    ds = wdsr.SRDataset(str(shards_copy), scale=4, patch_size=48, patches_per_image=3, batch_size=4, on_error="skip")
+    with caplog.at_level("WARNING", logger="wdsr"):
+        n = len(run(ds, 0))
+        ds.set_epoch(1)
+        n2 = len(run(ds, 0))
+    assert n == n2 == len(ds)
+    lines = [r for r in caplog.records if key in r.getMessage()]
+    assert len(lines) == 1 and shard in lines[0].getMessage()
+    assert ds.stats.totals()["skipped"] == 2  # once per epoch, counted each time

@@ -1,0 +1,14 @@
+"""Errors that name the shard and key."""
+from __future__ import annotations
+
+
+class SampleError(ValueError):
+    """One sample (or a whole shard when ``key`` is None) cannot be used."""
+
+    def __init__(self, shard: str, key: str | None, reason: str) -> None:
+        where = shard if key is None else f"{shard} key {key!r}"
+        super().__init__(f"{where}: {reason}")
+        self.shard, self.key, self.reason = shard, key, reason
+
+    def __reduce__(self):  # survive the trip from a DataLoader worker
+        return (type(self), (self.shard, self.key, self.reason))

@@ -1,0 +1,85 @@
+"""Read samples of a shard span through fsspec, starting at the manifest offsets.
+
+One range read per sample (``offsets[i]`` .. ``offsets[i+1]``), members parsed with our small
+tar reader and grouped by key; only the members asked for are kept.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from shardmaker import storage, tario
+from shardmaker.manifest import Manifest
+from wdsr.errors import SampleError
+from wdsr.plan import Span
+
+
+@dataclasses.dataclass
+class RawSample:
+    shard: str
+    key: str
+    index: int  # sample index inside the shard
+    rep: int  # wrap-around count from the plan (0 = first pass)
+    members: dict[str, bytes]  # member suffix ("json", "hr.png", ...) -> bytes
+    nbytes: int
+    read_ns: int
+
+
+class ShardReader:
+    """Opens shards of one dataset; the filesystem is made lazily, in the worker that reads."""
+
+    def __init__(self, url: str, manifest: Manifest, storage_options: dict[str, Any] | None = None) -> None:
+        self.url, self.manifest = url, manifest
+        self.storage_options = dict(storage_options or {})
+        self._fs = None
+        self._root = ""
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_fs"] = None  # filesystems (and their event loops) are not shared across processes
+        return state
+
+    def _open_fs(self) -> None:
+        if self._fs is None:
+            self._fs, self._root = storage.open_dir(self.url, self.storage_options)
+
+    def span(self, span: Span, wanted: frozenset[str]) -> Iterator[RawSample]:
+        """Samples of ``span`` in order, with only the ``wanted`` member suffixes."""
+        self._open_fs()
+        info = self.manifest.shards[span.shard]
+        path = storage.join(self._root, info.name)
+        try:
+            size = self._fs.size(path)
+        except FileNotFoundError:
+            raise SampleError(info.name, None, f"shard is missing ({path})") from None
+        if size != info.bytes:
+            raise SampleError(info.name, None, f"shard has {size} bytes, the manifest says {info.bytes} (truncated or replaced)")
+        with self._fs.open(path, "rb") as f:
+            f.seek(info.offsets[span.start])
+            for i in range(span.start, span.stop):
+                end = info.offsets[i + 1] if i + 1 < info.samples else info.bytes
+                t0 = time.perf_counter_ns()
+                data = f.read(end - info.offsets[i])
+                t1 = time.perf_counter_ns()
+                key = info.keys[i]
+                if len(data) != end - info.offsets[i]:
+                    raise SampleError(info.name, key, f"shard ends early at byte {info.offsets[i] + len(data)}")
+                members = _members(data, info.name, key, wanted)
+                yield RawSample(info.name, key, i, span.rep, members, len(data), t1 - t0)
+
+
+def _members(data: bytes, shard: str, key: str, wanted: frozenset[str]) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    try:
+        for name, _, payload in tario.iter_members(io.BytesIO(data)):
+            k, ext = tario.split_name(name)
+            if k != key:
+                raise SampleError(shard, key, f"found member {name!r} where the manifest puts sample {key!r}")
+            if ext in wanted:
+                out[ext] = payload
+    except tario.TarFormatError as exc:
+        raise SampleError(shard, key, f"bad tar data ({exc})") from None
+    return out
