@@ -35,6 +35,7 @@ from shardmaker.writer import ShardWriter
 
 log = logging.getLogger(__name__)
 STATE_DIR = "_build"
+WRITER_REVISION = 2  # bump when the bytes written for the same inputs change (2: crc32 in {key}.json)
 _SHARD_RE = re.compile(r"^shard-(?:\d{4}-)?\d{6}\.tar$")
 
 
@@ -89,6 +90,7 @@ def fingerprint(pairs: list[Pair], opts: BuildOptions) -> str:
     cfg = opts.sample
     doc = {
         "format": FORMAT,
+        "writer": WRITER_REVISION,
         "pairs": [[p.key, p.hr_rel, list(p.hr_size), [[s, rel] for s, _, rel in p.lr]] for p in pairs],
         "codec": cfg.codec.value,
         "png_level": cfg.png_level,

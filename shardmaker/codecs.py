@@ -199,8 +199,8 @@ def encode(arr: np.ndarray, codec: Codec, png_level: int = 1) -> bytes:
     return _encode_png(arr, png_level)
 
 
-def decode(data: bytes, ext: str) -> np.ndarray:
-    """Decode a shard member by its extension (``png`` or ``qoi``)."""
+def decode(data: bytes | memoryview, ext: str) -> np.ndarray:
+    """Decode a shard member by its extension (``png`` or ``qoi``); QOI decodes straight from a view."""
     if ext == Codec.QOI.value:
         if qoi is None:  # pragma: no cover
             raise ImageDataError("the qoi package is not installed (pip install qoi)")
@@ -209,5 +209,5 @@ def decode(data: bytes, ext: str) -> np.ndarray:
         except Exception as exc:
             raise ImageDataError(f"corrupt QOI data ({exc})") from None
     if ext == Codec.PNG.value:
-        return _normalise(_decode_png(data), drop_alpha=False)
+        return _normalise(_decode_png(bytes(data)), drop_alpha=False)
     raise ImageDataError(f"unknown member extension {ext!r}")

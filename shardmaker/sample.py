@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import zlib
 from typing import Any
 
 import fsspec
@@ -118,6 +119,7 @@ def encode_sample(pair: Pair, cfg: SampleConfig) -> EncodedSample:
         "lr_sizes": {str(s): [lr.shape[1], lr.shape[0]] for s, (lr, _) in lrs.items()},
         "hr_crop": {str(s): [s * lr.shape[1], s * lr.shape[0]] for s, (lr, _) in lrs.items()},
         "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in members.items()},
+        "crc32": {name: zlib.crc32(data) for name, data in members.items()},  # fast check for streaming
     }
     if cfg.lr_method == PROVIDED:
         meta["lr_sources"] = {str(s): rel for s, (_, rel) in lrs.items()}

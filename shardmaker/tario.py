@@ -60,6 +60,15 @@ def _checksum_ok(header: bytes) -> bool:
     return stored == computed
 
 
+def _header(header: bytes, pos: int) -> tuple[int, bytes] | None:
+    """``(size, type flag)`` of the header at ``pos``; None for an end-of-archive block."""
+    if header == b"\0" * BLOCK:
+        return None
+    if not _checksum_ok(header):
+        raise TarFormatError(f"bad tar header checksum at byte {pos}")
+    return _field_int(header[124:136]), header[156:157]
+
+
 def iter_members(f: BinaryIO, limit: int | None = None) -> Iterator[tuple[str, int, bytes]]:
     """Yield ``(name, header_offset, data)`` for regular members from the current position.
 
@@ -75,15 +84,13 @@ def iter_members(f: BinaryIO, limit: int | None = None) -> Iterator[tuple[str, i
             return
         if len(header) != BLOCK:
             raise TarFormatError(f"truncated tar header at byte {pos}")
-        if header == b"\0" * BLOCK:
+        parsed = _header(header, pos)
+        if parsed is None:
             return
-        if not _checksum_ok(header):
-            raise TarFormatError(f"bad tar header checksum at byte {pos}")
+        size, kind = parsed
         if long_name is None:
             entry_start = pos
         pos += BLOCK
-        size = _field_int(header[124:136])
-        kind = header[156:157]
         padded = size + (-size) % BLOCK
         data = _read_exact(f, padded, f"member at byte {pos - BLOCK}")
         pos += padded
@@ -94,6 +101,35 @@ def iter_members(f: BinaryIO, limit: int | None = None) -> Iterator[tuple[str, i
         long_name = None
         if kind in (b"0", b"\0"):
             yield name, entry_start, data[:size]
+
+
+def iter_buffer(buf: bytes | memoryview) -> Iterator[tuple[str, int, memoryview]]:
+    """Like ``iter_members`` over bytes in memory, yielding zero-copy memoryviews of the data."""
+    view = memoryview(buf)
+    pos, end = 0, len(view)
+    long_name: str | None = None
+    entry_start = 0
+    while pos < end:
+        if pos + BLOCK > end:
+            raise TarFormatError(f"truncated tar header at byte {pos}")
+        header = bytes(view[pos : pos + BLOCK])
+        parsed = _header(header, pos)
+        if parsed is None:
+            return
+        size, kind = parsed
+        if long_name is None:
+            entry_start = pos
+        data_at = pos + BLOCK
+        pos = data_at + size + (-size) % BLOCK
+        if data_at + size > end:
+            raise TarFormatError(f"truncated tar: member at byte {data_at - BLOCK} wants {size} bytes, {end - data_at} left")
+        if kind == b"L":
+            long_name = bytes(view[data_at : data_at + size]).split(b"\0", 1)[0].decode("utf-8")
+            continue
+        name = long_name if long_name is not None else _member_name(header)
+        long_name = None
+        if kind in (b"0", b"\0"):
+            yield name, entry_start, view[data_at : data_at + size]
 
 
 def _member_name(header: bytes) -> str:

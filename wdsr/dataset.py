@@ -15,7 +15,7 @@ from torch.utils.data import IterableDataset
 
 from shardmaker import manifest as mf
 from wdsr import env
-from wdsr.decode import DecodedPair, decode_pair, wanted_members
+from wdsr.decode import DecodedPair, Verify, decode_pair, wanted_members
 from wdsr.errors import SampleError
 from wdsr.patches import Patch, PatchSpec, cut_patches
 from wdsr.plan import Span, slice_length, train_plan, val_plan
@@ -51,7 +51,7 @@ class Options:
     on_error: OnError = OnError.FAIL
     min_patch_std: float | None = None
     max_tries: int = 10
-    check_hashes: bool = True
+    verify: Verify = Verify.CRC32
     tile: int | None = None  # val: LR tile side; None = whole images
     tile_overlap: int = 8
     return_keys: bool = False
@@ -59,6 +59,7 @@ class Options:
     def __post_init__(self) -> None:
         object.__setattr__(self, "split", Split(self.split))
         object.__setattr__(self, "on_error", OnError(self.on_error))
+        object.__setattr__(self, "verify", Verify(self.verify))
         if self.patches_per_image < 1 or self.batch_size < 1:
             raise ValueError("patches_per_image and batch_size must be >= 1")
         if self.tile is not None and not 0 <= self.tile_overlap < self.tile:
@@ -88,12 +89,12 @@ class SRDataset(IterableDataset):
     def __init__(self, url: str, scale: int = 4, patch_size: int = 192, patches_per_image: int = 16,
                  batch_size: int = 16, shuffle_buffer: int = 1024, augment: bool = True, seed: int = 0,
                  split: str = "train", on_error: str = "fail", min_patch_std: float | None = None,
-                 max_tries: int = 10, check_hashes: bool = True, tile: int | None = None, tile_overlap: int = 8,
+                 max_tries: int = 10, verify: str = "crc32", tile: int | None = None, tile_overlap: int = 8,
                  return_keys: bool = False, storage_options: dict[str, Any] | None = None,
                  world: env.World | None = None) -> None:
         super().__init__()
         self.opts = Options(scale, patch_size, patches_per_image, batch_size, shuffle_buffer, augment, seed,
-                            Split(split), OnError(on_error), min_patch_std, max_tries, check_hashes, tile,
+                            Split(split), OnError(on_error), min_patch_std, max_tries, Verify(verify), tile,
                             tile_overlap, return_keys)
         self.url = url
         self.manifest = mf.load(url, storage_options)
@@ -167,7 +168,7 @@ class SRDataset(IterableDataset):
                         pos = raw.index + 1
                         self.stats.add(worker, samples=1, bytes_read=raw.nbytes, read_ns=raw.read_ns)
                         try:
-                            pair = decode_pair(raw, self.manifest.codec, o.scale, o.check_hashes)
+                            pair = decode_pair(raw, self.manifest.codec, o.scale, o.verify)
                         except SampleError as exc:
                             self._skip(worker, exc)
                             yield exc

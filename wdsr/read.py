@@ -6,7 +6,6 @@ tar reader and grouped by key; only the members asked for are kept.
 from __future__ import annotations
 
 import dataclasses
-import io
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +22,7 @@ class RawSample:
     key: str
     index: int  # sample index inside the shard
     rep: int  # wrap-around count from the plan (0 = first pass)
-    members: dict[str, bytes]  # member suffix ("json", "hr.png", ...) -> bytes
+    members: dict[str, memoryview]  # member suffix ("json", "hr.png", ...) -> zero-copy view of the data
     nbytes: int
     read_ns: int
 
@@ -71,10 +70,10 @@ class ShardReader:
                 yield RawSample(info.name, key, i, span.rep, members, len(data), t1 - t0)
 
 
-def _members(data: bytes, shard: str, key: str, wanted: frozenset[str]) -> dict[str, bytes]:
-    out: dict[str, bytes] = {}
+def _members(data: bytes, shard: str, key: str, wanted: frozenset[str]) -> dict[str, memoryview]:
+    out: dict[str, memoryview] = {}
     try:
-        for name, _, payload in tario.iter_members(io.BytesIO(data)):
+        for name, _, payload in tario.iter_buffer(data):
             k, ext = tario.split_name(name)
             if k != key:
                 raise SampleError(shard, key, f"found member {name!r} where the manifest puts sample {key!r}")

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import resource
+import time
 from typing import Any
 
 FIELDS = ("samples", "patches", "batches", "skipped", "bytes_read", "read_ns", "decode_ns", "patch_ns",
-          "busy_ns", "rejected", "peak_rss_kb")
+          "busy_ns", "rejected", "peak_rss_kb", "peak_private_kb")
 
 
 class SharedStats:
@@ -15,15 +16,28 @@ class SharedStats:
     def __init__(self, slots: int = 64) -> None:
         self.slots = slots
         self._arr = mp.RawArray("q", slots * len(FIELDS))
+        self._last_mark = -1e9
 
     def add(self, worker: int, **values: int) -> None:
         base = (worker % self.slots) * len(FIELDS)
         for name, v in values.items():
             self._arr[base + FIELDS.index(name)] += int(v)
 
-    def mark_rss(self, worker: int) -> None:
-        base = (worker % self.slots) * len(FIELDS) + FIELDS.index("peak_rss_kb")
-        self._arr[base] = max(self._arr[base], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    def mark_rss(self, worker: int, every_s: float = 1.0) -> None:
+        """Record peak RSS (shared pages included) and private memory (what this worker adds).
+
+        Reading /proc/self/smaps_rollup costs milliseconds in a process that has torch mapped,
+        so this samples at most once per ``every_s`` seconds.
+        """
+        now = time.monotonic()
+        if now - self._last_mark < every_s:
+            return
+        self._last_mark = now
+        base = (worker % self.slots) * len(FIELDS)
+        i = base + FIELDS.index("peak_rss_kb")
+        self._arr[i] = max(self._arr[i], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+        i = base + FIELDS.index("peak_private_kb")
+        self._arr[i] = max(self._arr[i], private_kb())
 
     def rows(self) -> list[dict[str, int]]:
         n = len(FIELDS)
@@ -32,11 +46,21 @@ class SharedStats:
 
     def totals(self) -> dict[str, Any]:
         rows = self.rows()
-        out: dict[str, Any] = {f: sum(r[f] for r in rows) for f in FIELDS if f != "peak_rss_kb"}
+        out: dict[str, Any] = {f: sum(r[f] for r in rows) for f in FIELDS if not f.startswith("peak_")}
         out["peak_rss_kb_per_worker"] = max((r["peak_rss_kb"] for r in rows), default=0)
+        out["peak_private_kb_per_worker"] = max((r["peak_private_kb"] for r in rows), default=0)
         out["workers"] = len(rows)
         return out
 
     def reset(self) -> None:
         for i in range(len(self._arr)):
             self._arr[i] = 0
+
+
+def private_kb() -> int:
+    """Private (unshared) memory of this process in KiB, from /proc (0 where unavailable)."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            return sum(int(line.split()[1]) for line in f if line.startswith(("Private_Clean:", "Private_Dirty:")))
+    except (OSError, ValueError, IndexError):
+        return 0

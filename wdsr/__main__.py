@@ -1,0 +1,5 @@
+import sys
+
+from wdsr.cli import main
+
+sys.exit(main())

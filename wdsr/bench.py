@@ -1,0 +1,138 @@
+"""``wdsr bench``: patches/s, MB/s read, decode share, memory; optionally against a naive Dataset.
+
+The naive baseline is the popular map-style Dataset that decodes the whole HR/LR pair for every
+patch it returns (BasicSR-style ``PairedImageDataset`` on the same shards, same decoder).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from shardmaker import manifest as mf
+from wdsr.dataset import SRDataset
+from wdsr.loader import _worker_init, make_loader
+from wdsr.plan import Span
+from wdsr.read import ShardReader
+from wdsr.decode import decode_pair, wanted_members
+
+
+@dataclasses.dataclass
+class BenchResult:
+    name: str
+    patches_per_s: float
+    mb_per_s: float
+    decode_share: float
+    decode_ms: float  # per sample (HR + LR)
+    patch_ms: float  # per patch: crop + transform + copy
+    ceiling: float  # decode-bound patches/s for this many workers
+    peak_rss_mb: float
+    peak_private_mb: float
+    seconds: float
+    batches: int
+
+    @property
+    def efficiency(self) -> float:
+        return self.patches_per_s / self.ceiling if self.ceiling else float("nan")
+
+
+def bench_stream(url: str, workers: int = 2, batch_size: int = 16, k: int = 16, patch_size: int = 192, scale: int = 4,
+                 seconds: float = 20.0, verify: str = "crc32", shuffle_buffer: int = 256,
+                 storage_options: dict[str, Any] | None = None, name: str = "wdsr") -> BenchResult:
+    ds = SRDataset(url, scale=scale, patch_size=patch_size, patches_per_image=k, batch_size=batch_size,
+                   shuffle_buffer=shuffle_buffer, verify=verify, storage_options=storage_options)
+    loader = make_loader(ds, num_workers=workers, pin_memory=False)
+    warm = 2 * max(1, workers)
+    n, t0, before, epoch = 0, None, None, 0
+    while True:
+        for _ in loader:
+            n += 1
+            if n == warm:
+                t0, before = time.perf_counter(), ds.stats.totals()
+            if t0 is not None and time.perf_counter() - t0 >= seconds:
+                break
+        else:
+            epoch += 1
+            ds.set_epoch(epoch)
+            continue
+        break
+    dt = time.perf_counter() - t0
+    after = ds.stats.totals()
+    d = {key: after[key] - before[key] for key in ("samples", "bytes_read", "decode_ns", "patch_ns", "patches")}
+    batches = n - warm
+    decode_ms = after["decode_ns"] / max(after["samples"], 1) / 1e6
+    patch_ms = after["patch_ns"] / max(after["patches"], 1) / 1e6
+    cores = min(max(1, workers), os.cpu_count() or 1)
+    ceiling = cores * 1000.0 / (decode_ms / k + patch_ms)
+    res = BenchResult(name, batches * batch_size / dt, d["bytes_read"] / 1e6 / dt,
+                      d["decode_ns"] / 1e9 / (dt * max(1, workers)), decode_ms, patch_ms, ceiling,
+                      after["peak_rss_kb_per_worker"] / 1024, after["peak_private_kb_per_worker"] / 1024, dt, batches)
+    del loader
+    return res
+
+
+class NaiveDataset(Dataset):
+    """Decode the whole pair for every patch: ``len`` = samples, one random aligned patch per item."""
+
+    def __init__(self, url: str, scale: int, patch_size: int, storage_options: dict[str, Any] | None = None) -> None:
+        self.manifest = mf.load(url, storage_options)
+        self.reader = ShardReader(url, self.manifest, storage_options)
+        self.index = [(s, i) for s, sh in enumerate(self.manifest.shards) for i in range(sh.samples)]
+        self.scale, self.patch_size = scale, patch_size
+        self.wanted = wanted_members(self.manifest.codec, scale)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        shard, i = self.index[n]
+        raw = next(self.reader.span(Span(shard, i, i + 1), self.wanted))
+        pair = decode_pair(raw, self.manifest.codec, self.scale, verify="none")
+        p, s = self.patch_size // self.scale, self.scale
+        lh, lw = pair.lr.shape[:2]
+        y, x = random.randint(0, lh - p), random.randint(0, lw - p)
+        lr = np.ascontiguousarray(pair.lr[y : y + p, x : x + p].transpose(2, 0, 1))
+        hr = np.ascontiguousarray(pair.hr[s * y : s * (y + p), s * x : s * (x + p)].transpose(2, 0, 1))
+        return torch.from_numpy(lr), torch.from_numpy(hr)
+
+
+def bench_naive(url: str, workers: int = 2, batch_size: int = 16, patch_size: int = 192, scale: int = 4,
+                seconds: float = 20.0, storage_options: dict[str, Any] | None = None) -> BenchResult:
+    ds = NaiveDataset(url, scale, patch_size, storage_options)
+    extra = {"persistent_workers": True, "worker_init_fn": _worker_init} if workers else {}
+    loader = DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers, drop_last=True, **extra)
+    warm = max(1, workers)
+    n, t0 = 0, None
+    while True:
+        for _ in loader:
+            n += 1
+            if n == warm:
+                t0 = time.perf_counter()
+            if t0 is not None and time.perf_counter() - t0 >= seconds:
+                break
+        else:
+            continue
+        break
+    dt = time.perf_counter() - t0
+    batches = n - warm
+    return BenchResult("naive decode-per-patch", batches * batch_size / dt, float("nan"), float("nan"), float("nan"),
+                       float("nan"), float("nan"), float("nan"), float("nan"), dt, batches)
+
+
+def table(results: list[BenchResult], k: int) -> str:
+    head = "| loader | patches/s | MB/s read | decode share | decode ms/sample | ms/patch | ceiling | of ceiling | peak RSS/worker | private/worker |"
+    lines = [head, "|---" * (head.count("|") - 1) + "|"]
+    for r in results:
+        def f(v: float, fmt: str) -> str:
+            return "-" if v != v else format(v, fmt)
+        lines.append(f"| {r.name} | {r.patches_per_s:.1f} | {f(r.mb_per_s, '.1f')} | {f(r.decode_share * 100, '.0f')}% | "
+                     f"{f(r.decode_ms, '.1f')} | {f(r.patch_ms, '.2f')} | {f(r.ceiling, '.1f')} | {f(r.efficiency * 100, '.0f')}% | "
+                     f"{f(r.peak_rss_mb, '.0f')} MB | {f(r.peak_private_mb, '.0f')} MB |")
+    return "\n".join(lines)
+
