@@ -29,7 +29,8 @@ class BenchResult:
     patches_per_s: float
     mb_per_s: float
     decode_share: float
-    decode_ms: float  # per sample (HR + LR)
+    decode_ms: float  # per sample (HR + LR), image decoding alone
+    verify_ms: float  # per sample, digest check
     patch_ms: float  # per patch: crop + transform + copy
     ceiling: float  # decode-bound patches/s for this many workers
     peak_rss_mb: float
@@ -64,14 +65,15 @@ def bench_stream(url: str, workers: int = 2, batch_size: int = 16, k: int = 16, 
         break
     dt = time.perf_counter() - t0
     after = ds.stats.totals()
-    d = {key: after[key] - before[key] for key in ("samples", "bytes_read", "decode_ns", "patch_ns", "patches")}
+    d = {key: after[key] - before[key] for key in ("samples", "bytes_read", "decode_ns", "patch_ns", "patches", "verify_ns")}
     batches = n - warm
     decode_ms = after["decode_ns"] / max(after["samples"], 1) / 1e6
+    verify_ms = after["verify_ns"] / max(after["samples"], 1) / 1e6
     patch_ms = after["patch_ns"] / max(after["patches"], 1) / 1e6
     cores = min(max(1, workers), os.cpu_count() or 1)
     ceiling = cores * 1000.0 / (decode_ms / k + patch_ms)
     res = BenchResult(name, batches * batch_size / dt, d["bytes_read"] / 1e6 / dt,
-                      d["decode_ns"] / 1e9 / (dt * max(1, workers)), decode_ms, patch_ms, ceiling,
+                      d["decode_ns"] / 1e9 / (dt * max(1, workers)), decode_ms, verify_ms, patch_ms, ceiling,
                       after["peak_rss_kb_per_worker"] / 1024, after["peak_private_kb_per_worker"] / 1024, dt, batches)
     del loader
     return res
@@ -122,17 +124,18 @@ def bench_naive(url: str, workers: int = 2, batch_size: int = 16, patch_size: in
     dt = time.perf_counter() - t0
     batches = n - warm
     return BenchResult("naive decode-per-patch", batches * batch_size / dt, float("nan"), float("nan"), float("nan"),
-                       float("nan"), float("nan"), float("nan"), float("nan"), dt, batches)
+                       float("nan"), float("nan"), float("nan"), float("nan"), float("nan"), dt, batches)
 
 
 def table(results: list[BenchResult], k: int) -> str:
-    head = "| loader | patches/s | MB/s read | decode share | decode ms/sample | ms/patch | ceiling | of ceiling | peak RSS/worker | private/worker |"
+    head = ("| loader | patches/s | MB/s read | decode share | decode ms/sample | verify ms/sample | ms/patch "
+            "| ceiling | of ceiling | peak RSS/worker | private/worker |")
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for r in results:
         def f(v: float, fmt: str) -> str:
             return "-" if v != v else format(v, fmt)
         lines.append(f"| {r.name} | {r.patches_per_s:.1f} | {f(r.mb_per_s, '.1f')} | {f(r.decode_share * 100, '.0f')}% | "
-                     f"{f(r.decode_ms, '.1f')} | {f(r.patch_ms, '.2f')} | {f(r.ceiling, '.1f')} | {f(r.efficiency * 100, '.0f')}% | "
+                     f"{f(r.decode_ms, '.1f')} | {f(r.verify_ms, '.1f')} | {f(r.patch_ms, '.2f')} | {f(r.ceiling, '.1f')} | {f(r.efficiency * 100, '.0f')}% | "
                      f"{f(r.peak_rss_mb, '.0f')} MB | {f(r.peak_private_mb, '.0f')} MB |")
     return "\n".join(lines)
 

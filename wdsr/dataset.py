@@ -173,7 +173,7 @@ class SRDataset(IterableDataset):
                             self._skip(worker, exc)
                             yield exc
                             continue
-                        self.stats.add(worker, decode_ns=pair.decode_ns)
+                        self.stats.add(worker, decode_ns=pair.decode_ns, verify_ns=pair.verify_ns)
                         yield pair
                 except SampleError as exc:
                     lost = span.stop - pos if exc.key is None else 1
@@ -272,6 +272,21 @@ def _nchw(a: np.ndarray) -> np.ndarray:
 
 
 def collate(patches: list[Patch], return_keys: bool = False) -> tuple[Any, ...]:
-    lr = torch.from_numpy(np.stack([p.lr for p in patches]))
-    hr = torch.from_numpy(np.stack([p.hr for p in patches]))
-    return (lr, hr, [p.key for p in patches]) if return_keys else (lr, hr)
+    """Stack patches into ``lr [B,C,p,p]``, ``hr [B,C,sp,sp]``.
+
+    In a DataLoader worker the batch is written straight into shared memory, so handing it to
+    the trainer costs no further copy.
+    """
+    shared = torch.utils.data.get_worker_info() is not None
+    out = []
+    for arrays in ([p.lr for p in patches], [p.hr for p in patches]):
+        first = arrays[0]
+        t = torch.empty((len(arrays),) + first.shape, dtype=_TORCH_DTYPES[first.dtype.type])
+        if shared:
+            t.share_memory_()
+        np.stack(arrays, out=t.numpy())
+        out.append(t)
+    return (out[0], out[1], [p.key for p in patches]) if return_keys else (out[0], out[1])
+
+
+_TORCH_DTYPES = {np.uint8: torch.uint8, np.uint16: torch.uint16}

@@ -6,7 +6,7 @@ import resource
 import time
 from typing import Any
 
-FIELDS = ("samples", "patches", "batches", "skipped", "bytes_read", "read_ns", "decode_ns", "patch_ns",
+FIELDS = ("samples", "patches", "batches", "skipped", "bytes_read", "read_ns", "verify_ns", "decode_ns", "patch_ns",
           "busy_ns", "rejected", "peak_rss_kb", "peak_private_kb")
 
 
