@@ -209,5 +209,5 @@ def decode(data: bytes | memoryview, ext: str) -> np.ndarray:
         except Exception as exc:
             raise ImageDataError(f"corrupt QOI data ({exc})") from None
     if ext == Codec.PNG.value:
-        return _normalise(_decode_png(bytes(data)), drop_alpha=False)
+        return _normalise(_decode_png(data if isinstance(data, bytes) else bytes(data)), drop_alpha=False)
     raise ImageDataError(f"unknown member extension {ext!r}")

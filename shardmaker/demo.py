@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     shards = str(work / "shards")
     workers = str(min(2, os.cpu_count() or 1))
     print(f"== shardmaker build {src} {shards} --scale 2,4 --workers {workers}")
-    rc = shardmaker_main(["build", str(src), shards, "--scale", "2,4", "--workers", workers, "--max-samples", "3"])
+    rc = shardmaker_main(["build", str(src), shards, "--scale", "2,4", "--workers", workers, "--max-samples", "3", "--overwrite"])
     if rc:
         return rc
     print(f"\n== shardmaker info {shards}")

@@ -9,8 +9,9 @@ Reading: parses 512-byte headers directly from any file-like object positioned a
 """
 from __future__ import annotations
 
+import io
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 BLOCK = 512
@@ -69,11 +70,14 @@ def _header(header: bytes, pos: int) -> tuple[int, bytes] | None:
     return _field_int(header[124:136]), header[156:157]
 
 
-def iter_members(f: BinaryIO, limit: int | None = None) -> Iterator[tuple[str, int, bytes]]:
+def iter_members(
+    f: BinaryIO, limit: int | None = None, want: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, int, bytes]]:
     """Yield ``(name, header_offset, data)`` for regular members from the current position.
 
-    ``header_offset`` counts from where reading started. Stops at the end-of-archive block,
-    at end of data, or once ``limit`` bytes have been consumed.
+    ``header_offset`` counts from where reading started. Stops at the end-of-archive block or
+    once ``limit`` bytes have been consumed; data that ends before either is a TarFormatError. Members for which ``want(name)``
+    is false are skipped with a seek: their data is never read.
     """
     pos = 0
     long_name: str | None = None
@@ -81,7 +85,8 @@ def iter_members(f: BinaryIO, limit: int | None = None) -> Iterator[tuple[str, i
     while limit is None or pos < limit:
         header = f.read(BLOCK)
         if not header:
-            return
+            where = f"{limit} bytes were expected" if limit is not None else "no end-of-archive blocks"
+            raise TarFormatError(f"truncated tar: data ends at byte {pos}; {where}")
         if len(header) != BLOCK:
             raise TarFormatError(f"truncated tar header at byte {pos}")
         parsed = _header(header, pos)
@@ -92,44 +97,21 @@ def iter_members(f: BinaryIO, limit: int | None = None) -> Iterator[tuple[str, i
             entry_start = pos
         pos += BLOCK
         padded = size + (-size) % BLOCK
-        data = _read_exact(f, padded, f"member at byte {pos - BLOCK}")
-        pos += padded
         if kind == b"L":  # GNU long name for the next header
-            long_name = data[:size].split(b"\0", 1)[0].decode("utf-8")
+            long_name = _read_exact(f, padded, f"name at byte {pos - BLOCK}")[:size].split(b"\0", 1)[0].decode("utf-8")
+            pos += padded
             continue
         name = long_name if long_name is not None else _member_name(header)
         long_name = None
-        if kind in (b"0", b"\0"):
-            yield name, entry_start, data[:size]
-
-
-def iter_buffer(buf: bytes | memoryview) -> Iterator[tuple[str, int, memoryview]]:
-    """Like ``iter_members`` over bytes in memory, yielding zero-copy memoryviews of the data."""
-    view = memoryview(buf)
-    pos, end = 0, len(view)
-    long_name: str | None = None
-    entry_start = 0
-    while pos < end:
-        if pos + BLOCK > end:
-            raise TarFormatError(f"truncated tar header at byte {pos}")
-        header = bytes(view[pos : pos + BLOCK])
-        parsed = _header(header, pos)
-        if parsed is None:
-            return
-        size, kind = parsed
-        if long_name is None:
-            entry_start = pos
-        data_at = pos + BLOCK
-        pos = data_at + size + (-size) % BLOCK
-        if data_at + size > end:
-            raise TarFormatError(f"truncated tar: member at byte {data_at - BLOCK} wants {size} bytes, {end - data_at} left")
-        if kind == b"L":
-            long_name = bytes(view[data_at : data_at + size]).split(b"\0", 1)[0].decode("utf-8")
+        if kind not in (b"0", b"\0") or (want is not None and not want(name)):
+            f.seek(padded, io.SEEK_CUR)
+            pos += padded
             continue
-        name = long_name if long_name is not None else _member_name(header)
-        long_name = None
-        if kind in (b"0", b"\0"):
-            yield name, entry_start, view[data_at : data_at + size]
+        data = _read_exact(f, size, f"member {name!r} at byte {pos - BLOCK}")
+        if padded != size:
+            f.seek(padded - size, io.SEEK_CUR)
+        pos += padded
+        yield name, entry_start, data
 
 
 def _member_name(header: bytes) -> str:

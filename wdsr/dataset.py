@@ -185,8 +185,9 @@ class SRDataset(IterableDataset):
     def _patches(self, spans: list[Span], epoch: int, worker: int, fallback: list[Span]) -> Iterator[Patch]:
         """Exactly ``samples x k`` patches; skipped samples are stood in for by extra patches.
 
-        Extra patches come from the next good sample of the slice (or the last one); if every
-        sample of the slice failed, from the first good sample found in ``fallback``.
+        Extra patches come from the next good sample of the slice (or the last one, read again:
+        no decoded pair is held longer than its own patches need); if every sample of the slice
+        failed, from the first good sample found in ``fallback``.
         """
         o = self.opts
         spec = PatchSpec(o.scale, o.patch_size, o.augment, o.min_patch_std, o.max_tries)
@@ -206,7 +207,7 @@ class SRDataset(IterableDataset):
                 continue
             extra += owed
             owed = 0
-            last = item
+            last = item.loc
             self.stats.add(worker, patches=len(patches) + len(more), rejected=rejected + r2,
                            patch_ns=time.perf_counter_ns() - t0)
             yield from patches
@@ -214,12 +215,12 @@ class SRDataset(IterableDataset):
             self.stats.mark_rss(worker)
         if not owed:
             return
-        if last is None:
-            last = next((p for p in self._pairs(fallback, worker) if not isinstance(p, SampleError)), None)
-        if last is None:
+        source = [last] if last is not None else fallback
+        pair = next((p for p in self._pairs(source, worker) if not isinstance(p, SampleError)), None)
+        if pair is None:
             shard = self.manifest.shards[spans[0].shard].name if spans else "(no shard)"
             raise SampleError(shard, None, "no sample of the dataset could be read; nothing to train on")
-        more, _ = cut_patches(last, spec, o.seed, epoch, _EXTRA_J + extra, owed)
+        more, _ = cut_patches(pair, spec, o.seed, epoch, _EXTRA_J + extra, owed)
         self.stats.add(worker, patches=len(more))
         yield from more
 

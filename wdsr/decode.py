@@ -17,6 +17,7 @@ import numpy as np
 from shardmaker import codecs
 from shardmaker.codecs import ImageDataError
 from wdsr.errors import SampleError
+from wdsr.plan import Span
 from wdsr.read import RawSample
 
 
@@ -29,6 +30,7 @@ class DecodedPair:
     lr: np.ndarray
     decode_ns: int  # image decoding alone
     verify_ns: int  # checking member digests
+    loc: Span
 
 
 def wanted_members(codec: str, scale: int) -> frozenset[str]:
@@ -68,7 +70,7 @@ def decode_pair(raw: RawSample, codec: str, scale: int, verify: Verify = Verify.
     if "json" not in raw.members:
         raise fail("no json member")
     try:
-        meta = json.loads(bytes(raw.members["json"]))
+        meta = json.loads(raw.members["json"])
     except ValueError as exc:
         raise fail(f"json member is not valid JSON ({exc})") from None
     for name in (hr_name, lr_name):
@@ -90,4 +92,4 @@ def decode_pair(raw: RawSample, codec: str, scale: int, verify: Verify = Verify.
     if hr.dtype != lr.dtype or hr.shape[2:] != lr.shape[2:]:
         raise fail(f"HR {hr.dtype}{list(hr.shape[2:])} and LR {lr.dtype}{list(lr.shape[2:])} differ in depth or channels")
     hr = hr[: scale * lh, : scale * lw]
-    return DecodedPair(raw.shard, raw.key, raw.rep, hr, lr, time.perf_counter_ns() - t1, t1 - t0)
+    return DecodedPair(raw.shard, raw.key, raw.rep, hr, lr, time.perf_counter_ns() - t1, t1 - t0, raw.loc)

@@ -61,7 +61,7 @@ class SRLoader(DataLoader):
 
 
 def make_loader(dataset: SRDataset, num_workers: int = 4, pin_memory: bool | None = None,
-                prefetch_factor: int = 2, persistent_workers: bool = True, **kwargs: Any) -> SRLoader:
+                prefetch_factor: int = 4, persistent_workers: bool = True, **kwargs: Any) -> SRLoader:
     """Batches come ready-made from the workers (``batch_size=None``); keep them uint8 until on the device."""
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")

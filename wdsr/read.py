@@ -22,9 +22,10 @@ class RawSample:
     key: str
     index: int  # sample index inside the shard
     rep: int  # wrap-around count from the plan (0 = first pass)
-    members: dict[str, memoryview]  # member suffix ("json", "hr.png", ...) -> zero-copy view of the data
+    members: dict[str, bytes]  # member suffix ("json", "hr.png", ...) -> data; only the wanted ones
     nbytes: int
     read_ns: int
+    loc: Span  # where it was read: this one sample, for reading it again
 
 
 class ShardReader:
@@ -59,26 +60,29 @@ class ShardReader:
         with self._fs.open(path, "rb") as f:
             f.seek(info.offsets[span.start])
             for i in range(span.start, span.stop):
+                begin = info.offsets[i]
                 end = info.offsets[i + 1] if i + 1 < info.samples else info.bytes
                 t0 = time.perf_counter_ns()
-                data = f.read(end - info.offsets[i])
-                t1 = time.perf_counter_ns()
-                key = info.keys[i]
-                if len(data) != end - info.offsets[i]:
-                    raise SampleError(info.name, key, f"shard ends early at byte {info.offsets[i] + len(data)}")
-                members = _members(data, info.name, key, wanted)
-                yield RawSample(info.name, key, i, span.rep, members, len(data), t1 - t0)
+                f.seek(begin)
+                members = _members(f, end - begin, info.name, info.keys[i], wanted)
+                nbytes = sum(len(v) for v in members.values())
+                yield RawSample(info.name, info.keys[i], i, span.rep, members, nbytes, time.perf_counter_ns() - t0,
+                                Span(span.shard, i, i + 1, span.rep))
 
 
-def _members(data: bytes, shard: str, key: str, wanted: frozenset[str]) -> dict[str, memoryview]:
-    out: dict[str, memoryview] = {}
+def _members(f: Any, length: int, shard: str, key: str, wanted: frozenset[str]) -> dict[str, bytes]:
+    """The wanted members of the sample that starts at ``f``'s position and spans ``length`` bytes."""
+    out: dict[str, bytes] = {}
+
+    def want(name: str) -> bool:
+        k, ext = tario.split_name(name)
+        if k != key:
+            raise SampleError(shard, key, f"found member {name!r} where the manifest puts sample {key!r}")
+        return ext in wanted
+
     try:
-        for name, _, payload in tario.iter_buffer(data):
-            k, ext = tario.split_name(name)
-            if k != key:
-                raise SampleError(shard, key, f"found member {name!r} where the manifest puts sample {key!r}")
-            if ext in wanted:
-                out[ext] = payload
+        for name, _, payload in tario.iter_members(f, limit=length, want=want):
+            out[tario.split_name(name)[1]] = payload
     except tario.TarFormatError as exc:
         raise SampleError(shard, key, f"bad tar data ({exc})") from None
     return out
