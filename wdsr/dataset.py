@@ -175,6 +175,7 @@ class SRDataset(IterableDataset):
                             continue
                         self.stats.add(worker, decode_ns=pair.decode_ns, verify_ns=pair.verify_ns)
                         yield pair
+                        del pair, raw  # hold nothing while the next sample is read and decoded
                 except SampleError as exc:
                     lost = span.stop - pos if exc.key is None else 1
                     self._skip(worker, exc, lost)
@@ -213,6 +214,7 @@ class SRDataset(IterableDataset):
             yield from patches
             yield from more
             self.stats.mark_rss(worker)
+            del item, patches, more  # the decoded pair goes before the next one is made
         if not owed:
             return
         source = [last] if last is not None else fallback
