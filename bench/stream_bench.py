@@ -59,14 +59,17 @@ def main() -> int:
         bench_stream(urls["png"], workers=2, k=16, verify="none", name="wdsr PNG k=16, 2 workers, verify=none", **kw),
         bench_stream(urls["qoi"], workers=2, k=16, name="wdsr QOI k=16, 2 workers", **kw),
         bench_stream(urls["qoi"], workers=2, k=16, verify="none", name="wdsr QOI k=16, 2 workers, verify=none", **kw),
-        bench_naive(urls["png"], workers=2, **kw),
+        bench_naive(urls["png"], workers=2, decoder="pillow", **kw),
+        bench_naive(urls["png"], workers=2, decoder="same", **kw),
     ]
     by = {r.name: r for r in res}
     png1, png2 = by["wdsr PNG k=16, 1 worker"], by["wdsr PNG k=16, 2 workers"]
-    qoi2, naive = by["wdsr QOI k=16, 2 workers"], by["naive decode-per-patch"]
+    qoi2, naive = by["wdsr QOI k=16, 2 workers"], by["naive decode-per-patch (Pillow)"]
+    naive_same = by["naive decode-per-patch (same decoders)"]
     lines = [f"{args.frames} 4K frames (real-photo mosaics), HR patch 192, x4, batch 16; "
              f"{args.seconds:.0f} s per loader after warm-up:", "", table(res, 16), "",
-             f"- wdsr PNG (2 workers) / naive (2 workers): **{png2.patches_per_s / naive.patches_per_s:.1f}x**",
+             f"- wdsr PNG (2 workers) / naive (2 workers): **{png2.patches_per_s / naive.patches_per_s:.1f}x** "
+             f"(naive with Pillow), **{png2.patches_per_s / naive_same.patches_per_s:.1f}x** (naive with wdsr's decoders)",
              f"- QOI / PNG (2 workers): **{qoi2.patches_per_s / png2.patches_per_s:.2f}x** with verify=crc32 (default), "
              f"**{by['wdsr QOI k=16, 2 workers, verify=none'].patches_per_s / by['wdsr PNG k=16, 2 workers, verify=none'].patches_per_s:.2f}x** with verify=none",
              f"- 2 workers / 1 worker (PNG): **{png2.patches_per_s / png1.patches_per_s:.2f}x**"]

@@ -6,6 +6,7 @@ patch it returns (BasicSR-style ``PairedImageDataset`` on the same shards, same 
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import random
 import time
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from shardmaker import manifest as mf
@@ -80,22 +82,38 @@ def bench_stream(url: str, workers: int = 2, batch_size: int = 16, k: int = 16, 
 
 
 class NaiveDataset(Dataset):
-    """Decode the whole pair for every patch: ``len`` = samples, one random aligned patch per item."""
+    """Decode the whole pair for every patch it returns: one random aligned patch per item.
 
-    def __init__(self, url: str, scale: int, patch_size: int, storage_options: dict[str, Any] | None = None) -> None:
+    ``len`` is samples x ``enlarge`` (BasicSR's ``dataset_enlarge_ratio``) so that epochs are
+    long. ``decoder="pillow"`` decodes with Pillow, as most SR repositories do;
+    ``decoder="same"`` uses wdsr's own decoders (libspng / QOI).
+    """
+
+    def __init__(self, url: str, scale: int, patch_size: int, decoder: str = "pillow", enlarge: int = 100,
+                 storage_options: dict[str, Any] | None = None) -> None:
         self.manifest = mf.load(url, storage_options)
         self.reader = ShardReader(url, self.manifest, storage_options)
         self.index = [(s, i) for s, sh in enumerate(self.manifest.shards) for i in range(sh.samples)]
-        self.scale, self.patch_size = scale, patch_size
+        self.scale, self.patch_size, self.decoder, self.enlarge = scale, patch_size, decoder, enlarge
         self.wanted = wanted_members(self.manifest.codec, scale)
 
     def __len__(self) -> int:
-        return len(self.index)
+        return len(self.index) * self.enlarge
+
+    def _pair(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        shard, i = self.index[n % len(self.index)]
+        raw = next(self.reader.span(Span(shard, i, i + 1), self.wanted))
+        if self.decoder == "same":
+            pair = decode_pair(raw, self.manifest.codec, self.scale, verify="none")
+            return pair.hr, pair.lr
+        codec = self.manifest.codec
+        hr = np.asarray(Image.open(io.BytesIO(raw.members[f"hr.{codec}"])))
+        lr = np.asarray(Image.open(io.BytesIO(raw.members[f"lr_x{self.scale}.{codec}"])))
+        return hr, lr
 
     def __getitem__(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        shard, i = self.index[n]
-        raw = next(self.reader.span(Span(shard, i, i + 1), self.wanted))
-        pair = decode_pair(raw, self.manifest.codec, self.scale, verify="none")
+        hr_img, lr_img = self._pair(n)
+        pair = _Pair(hr_img, lr_img)
         p, s = self.patch_size // self.scale, self.scale
         lh, lw = pair.lr.shape[:2]
         y, x = random.randint(0, lh - p), random.randint(0, lw - p)
@@ -104,9 +122,15 @@ class NaiveDataset(Dataset):
         return torch.from_numpy(lr), torch.from_numpy(hr)
 
 
+@dataclasses.dataclass
+class _Pair:
+    hr: np.ndarray
+    lr: np.ndarray
+
+
 def bench_naive(url: str, workers: int = 2, batch_size: int = 16, patch_size: int = 192, scale: int = 4,
-                seconds: float = 20.0, storage_options: dict[str, Any] | None = None) -> BenchResult:
-    ds = NaiveDataset(url, scale, patch_size, storage_options)
+                seconds: float = 20.0, decoder: str = "pillow", storage_options: dict[str, Any] | None = None) -> BenchResult:
+    ds = NaiveDataset(url, scale, patch_size, decoder, storage_options=storage_options)
     extra = {"persistent_workers": True, "worker_init_fn": _worker_init} if workers else {}
     loader = DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers, drop_last=True, **extra)
     warm = max(1, workers)
@@ -123,7 +147,7 @@ def bench_naive(url: str, workers: int = 2, batch_size: int = 16, patch_size: in
         break
     dt = time.perf_counter() - t0
     batches = n - warm
-    return BenchResult("naive decode-per-patch", batches * batch_size / dt, float("nan"), float("nan"), float("nan"),
+    return BenchResult(f"naive decode-per-patch ({'Pillow' if decoder == 'pillow' else 'same decoders'})", batches * batch_size / dt, float("nan"), float("nan"), float("nan"),
                        float("nan"), float("nan"), float("nan"), float("nan"), float("nan"), dt, batches)
 
 

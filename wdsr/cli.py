@@ -44,11 +44,13 @@ def _bench(args: argparse.Namespace) -> int:
     results = [bench_stream(args.url, k=args.patches_per_image, verify=args.verify,
                             shuffle_buffer=args.shuffle_buffer, name=f"wdsr k={args.patches_per_image}", **kw)]
     if args.compare_naive:
-        results.append(bench_naive(args.url, **kw))
+        results.append(bench_naive(args.url, decoder="pillow", **kw))
+        results.append(bench_naive(args.url, decoder="same", **kw))
     print(f"{args.url}: x{args.scale}, HR patch {args.patch_size}, batch {args.batch_size}, {args.workers} workers")
     print(table(results, args.patches_per_image))
     if args.compare_naive:
-        print(f"wdsr / naive: {results[0].patches_per_s / results[1].patches_per_s:.1f}x")
+        print(f"wdsr / naive: {results[0].patches_per_s / results[1].patches_per_s:.1f}x (naive with Pillow), "
+              f"{results[0].patches_per_s / results[2].patches_per_s:.1f}x (naive with wdsr's decoders)")
     if args.json:
         import dataclasses
 
