@@ -92,6 +92,15 @@ def main() -> int:
     png6 = codecs.encode(img, Codec.PNG, 6)
     t_dpng = timed(lambda: codecs.decode(png, "png"))
     t_dpil = timed(lambda: np.asarray(Image.open(io.BytesIO(png)).convert("RGB")))
+
+    def pillow_png() -> bytes:
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, format="PNG", compress_level=1)
+        return buf.getvalue()
+
+    t_pil1 = timed(pillow_png)
+    pil_png = pillow_png()
+    t_dpilpng = timed(lambda: codecs.decode(pil_png, "png"))
     t_dqoi = timed(lambda: codecs.decode(qoi_b, "qoi"))
 
     rows = []
@@ -120,12 +129,14 @@ def main() -> int:
         f"| x4 LR, `--lr-method matlab-uint8` (bit-exact) | {t_lr8 * 1e3:.0f} |",
         f"| HR PNG encode, level 1 | {t_png1 * 1e3:.0f} |",
         f"| HR PNG encode, level 6 | {t_png6 * 1e3:.0f} |",
+        f"| HR PNG encode, Pillow level 1 (for comparison) | {t_pil1 * 1e3:.0f} |",
+        f"| HR PNG decode (pyspng) of Pillow's level-1 file | {t_dpilpng * 1e3:.0f} |",
         f"| HR QOI encode | {t_qoi * 1e3:.0f} |",
         f"| HR PNG decode, pyspng / Pillow | {t_dpng * 1e3:.0f} / {t_dpil * 1e3:.0f} |",
         f"| HR QOI decode | {t_dqoi * 1e3:.0f} |",
         "",
         f"LR generation / HR PNG encode (level 1): **{t_lr / t_png1:.2f}** (matlab), {t_lr8 / t_png1:.2f} (matlab-uint8); "
-        f"PNG level 6 / level 1 encode time: {t_png6 / t_png1:.1f}x; sizes PNG-1 {len(png) / 1e6:.1f} MB, PNG-6 {len(png6) / 1e6:.1f} MB, QOI {len(qoi_b) / 1e6:.1f} MB.",
+        f"PNG level 6 / level 1 encode time: {t_png6 / t_png1:.1f}x; sizes PNG-1 {len(png) / 1e6:.1f} MB, PNG-6 {len(png6) / 1e6:.1f} MB, Pillow PNG-1 {len(pil_png) / 1e6:.1f} MB, QOI {len(qoi_b) / 1e6:.1f} MB.",
     ]
     text = "\n".join(lines)
     print(text)
