@@ -256,3 +256,23 @@ def test_skip_logs_once_and_counts(shards_copy, caplog):
     lines = [r for r in caplog.records if key in r.getMessage()]
     assert len(lines) == 1 and shard in lines[0].getMessage()
     assert ds.stats.totals()["skipped"] == 2  # once per epoch, counted each time
+
+
+def test_16bit_grey_streams_as_uint16(tmp_path):
+    from tests.conftest import build_shards, photos, save
+
+    grey = photos()[1][:120, :160, 1].astype(np.uint16) * 257 + 7
+    save(tmp_path / "src/g16.png", grey)
+    shards = build_shards(tmp_path / "src", tmp_path / "ds", "--scale", "2")
+    ds = wdsr.SRDataset(str(shards), scale=2, patch_size=32, patches_per_image=4, batch_size=4, augment=False,
+                        return_keys=True)
+    (lr, hr, keys), = run(ds, 1)
+    assert lr.dtype == hr.dtype == torch.uint16 and hr.shape == (4, 1, 32, 32)
+    assert int(hr.to(torch.int32).max()) > 255  # 16 bits kept end to end (torch.uint16 has few ops: convert)
+    assert float(wdsr.to_float(hr).max()) <= 1.0
+
+
+def test_too_few_patches_for_one_batch_is_refused(photo_shards):
+    ds = wdsr.SRDataset(str(photo_shards), scale=4, patch_size=48, patches_per_image=2, batch_size=16)
+    with pytest.raises(ValueError, match="< batch_size 16"):
+        wdsr.make_loader(ds, num_workers=4)

@@ -226,8 +226,20 @@ class SRDataset(IterableDataset):
         self.stats.add(worker, patches=len(more))
         yield from more
 
+    def check_batches(self, num_workers: int | None = None) -> None:
+        """A worker whose slice holds fewer patches than one batch would yield nothing: refuse."""
+        nw = max(1, self.num_workers if num_workers is None else num_workers)
+        if self.opts.split is Split.TRAIN and self.batches_per_worker(nw) == 0:
+            per = self.samples_per_worker(nw) * self.opts.patches_per_image
+            raise ValueError(
+                f"{self.url}: each of the {self.world.size} x {nw} workers gets {self.samples_per_worker(nw)} "
+                f"sample(s) x {self.opts.patches_per_image} patches = {per} < batch_size {self.opts.batch_size}; "
+                "lower batch_size or num_workers, or raise patches_per_image"
+            )
+
     def _train(self, worker: int, nw: int) -> Iterator[Any]:
         o = self.opts
+        self.check_batches(nw)
         epoch = self.epoch
         slot = self.world.rank * nw + worker
         plan = train_plan(self._sizes(), o.seed, epoch, self.world.size, nw)

@@ -66,6 +66,7 @@ def make_loader(dataset: SRDataset, num_workers: int = 4, pin_memory: bool | Non
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
     dataset.num_workers = num_workers
+    dataset.check_batches(num_workers)
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
     extra: dict[str, Any] = {}
