@@ -72,7 +72,7 @@ def main() -> int:
     ap.add_argument("--images", type=int, default=8)
     ap.add_argument("--out", default="bench/out")
     args = ap.parse_args()
-    work = Path(args.out)
+    work = Path(args.out) / "build"  # only this benchmark's own folder is cleared
     shutil.rmtree(work, ignore_errors=True)
     src = work / "src4k"
     src.mkdir(parents=True)
@@ -140,8 +140,8 @@ def main() -> int:
     ]
     text = "\n".join(lines)
     print(text)
-    (work / "build_bench.md").write_text(text + "\n")
-    (work / "build_bench.json").write_text(json.dumps({
+    (work.parent / "build_bench.md").write_text(text + "\n")
+    (work.parent / "build_bench.json").write_text(json.dumps({
         "build": [dict(zip(("codec", "workers", "images_per_s", "mb_per_s", "mb_per_sample"), r)) for r in rows],
         "ms": {"lr_matlab": t_lr * 1e3, "lr_matlab_uint8": t_lr8 * 1e3, "png1_encode": t_png1 * 1e3,
                "png6_encode": t_png6 * 1e3, "qoi_encode": t_qoi * 1e3, "png_decode_pyspng": t_dpng * 1e3,

@@ -70,7 +70,7 @@ def main() -> int:
              f"{args.seconds:.0f} s per loader after warm-up:", "", table(res, 16), "",
              f"- wdsr PNG (2 workers) / naive (2 workers): **{png2.patches_per_s / naive.patches_per_s:.1f}x** "
              f"(naive with Pillow), **{png2.patches_per_s / naive_same.patches_per_s:.1f}x** (naive with wdsr's decoders)",
-             f"- QOI / PNG (2 workers): **{qoi2.patches_per_s / png2.patches_per_s:.2f}x** with verify=crc32 (default), "
+             f"- QOI / PNG (2 workers): **{qoi2.patches_per_s / png2.patches_per_s:.2f}x** with verify=xxh3_64 (default), "
              f"**{by['wdsr QOI k=16, 2 workers, verify=none'].patches_per_s / by['wdsr PNG k=16, 2 workers, verify=none'].patches_per_s:.2f}x** with verify=none",
              f"- 2 workers / 1 worker (PNG): **{png2.patches_per_s / png1.patches_per_s:.2f}x**"]
     text = "\n".join(lines)

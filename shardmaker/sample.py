@@ -4,11 +4,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import zlib
 from typing import Any
 
 import fsspec
 import numpy as np
+import xxhash
 
 from shardmaker import codecs, tario
 from shardmaker.codecs import Codec, ImageDataError
@@ -119,7 +119,7 @@ def encode_sample(pair: Pair, cfg: SampleConfig) -> EncodedSample:
         "lr_sizes": {str(s): [lr.shape[1], lr.shape[0]] for s, (lr, _) in lrs.items()},
         "hr_crop": {str(s): [s * lr.shape[1], s * lr.shape[0]] for s, (lr, _) in lrs.items()},
         "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in members.items()},
-        "crc32": {name: zlib.crc32(data) for name, data in members.items()},  # fast check for streaming
+        "xxh3_64": {name: xxhash.xxh3_64_hexdigest(data) for name, data in members.items()},  # fast check when streaming
     }
     if cfg.lr_method == PROVIDED:
         meta["lr_sources"] = {str(s): rel for s, (_, rel) in lrs.items()}

@@ -213,7 +213,7 @@ def test_corrupt_png_inside_a_shard(shards_copy):
         return name, data
 
     rewrite(shards_copy, 1, edit)
-    check_fail_then_skip(shards_copy, shard, key, "does not match its crc32")
+    check_fail_then_skip(shards_copy, shard, key, "does not match its xxh3_64")
     check_fail_then_skip(shards_copy, shard, key, "does not match its sha256", verify="sha256")
     check_fail_then_skip(shards_copy, shard, key, "hr.png: corrupt", verify="none")  # libspng's own CRC check
 

@@ -46,7 +46,7 @@ class BenchResult:
 
 
 def bench_stream(url: str, workers: int = 2, batch_size: int = 16, k: int = 16, patch_size: int = 192, scale: int = 4,
-                 seconds: float = 20.0, verify: str = "crc32", shuffle_buffer: int = 256,
+                 seconds: float = 20.0, verify: str = "xxh3_64", shuffle_buffer: int = 256,
                  storage_options: dict[str, Any] | None = None, name: str = "wdsr") -> BenchResult:
     ds = SRDataset(url, scale=scale, patch_size=patch_size, patches_per_image=k, batch_size=batch_size,
                    shuffle_buffer=shuffle_buffer, verify=verify, storage_options=storage_options)

@@ -21,8 +21,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--scale", type=int, default=4, help="which LR (default 4)")
     b.add_argument("--seconds", type=float, default=20.0, help="measuring time per loader (default 20)")
     b.add_argument("--shuffle-buffer", type=int, default=256, help="patches in each worker's shuffle buffer (default 256)")
-    b.add_argument("--verify", choices=["none", "crc32", "sha256"], default="crc32",
-                   help="check image members against {key}.json before decoding (default crc32)")
+    b.add_argument("--verify", choices=["none", "xxh3_64", "sha256"], default="xxh3_64",
+                   help="check image members against their digests in {key}.json before decoding (default xxh3_64)")
     b.add_argument("--compare-naive", action="store_true", help="also run the decode-per-patch baseline; print the ratio")
     b.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     v = sub.add_parser("preview", help="write a contact sheet of LR (nearest-upscaled) | HR patch pairs",

@@ -51,7 +51,7 @@ class Options:
     on_error: OnError = OnError.FAIL
     min_patch_std: float | None = None
     max_tries: int = 10
-    verify: Verify = Verify.CRC32
+    verify: Verify = Verify.XXH3
     tile: int | None = None  # val: LR tile side; None = whole images
     tile_overlap: int = 8
     return_keys: bool = False
@@ -89,7 +89,7 @@ class SRDataset(IterableDataset):
     def __init__(self, url: str, scale: int = 4, patch_size: int = 192, patches_per_image: int = 16,
                  batch_size: int = 16, shuffle_buffer: int = 1024, augment: bool = True, seed: int = 0,
                  split: str = "train", on_error: str = "fail", min_patch_std: float | None = None,
-                 max_tries: int = 10, verify: str = "crc32", tile: int | None = None, tile_overlap: int = 8,
+                 max_tries: int = 10, verify: str = "xxh3_64", tile: int | None = None, tile_overlap: int = 8,
                  return_keys: bool = False, storage_options: dict[str, Any] | None = None,
                  world: env.World | None = None) -> None:
         super().__init__()
