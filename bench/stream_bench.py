@@ -46,7 +46,7 @@ def shards(work: Path, frames: int) -> dict[str, str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--frames", type=int, default=16)
+    ap.add_argument("--frames", type=int, default=128, help="more frames = longer epochs: the epoch-boundary bubble (buffer fill, drain) is amortised as in real datasets")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--out", default="bench/out")
     args = ap.parse_args()
