@@ -311,6 +311,8 @@ def build(opts: BuildOptions) -> BuildResult:
     todo_all = order_samples(pairs, opts.seed, opts.part)
     out = _Output(opts, fp)
     manifest_path = out.path(out.final_name)
+    if out.fs.exists(out.root) and not out.fs.isdir(out.root):
+        raise BuildError(f"{opts.out}: is a file, not a folder for shards")
 
     done_manifest, conflict = out.finished()
     if done_manifest is not None:

@@ -5,6 +5,7 @@ import argparse
 import os
 import logging
 import re
+import signal
 import sys
 
 from shardmaker import __version__
@@ -127,6 +128,8 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `shardmaker info URL | head` ends quietly
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="shardmaker: %(message)s")
     try:
@@ -149,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
             print(info_text(args.url))
             return 0
     except (ShardmakerError, ValueError) as exc:
+        print(f"shardmaker {args.cmd}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a filesystem that refuses: permissions, not a folder, disk full, network
         print(f"shardmaker {args.cmd}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -63,7 +63,7 @@ def _open_root(url: str, what: str, storage_options: dict[str, Any] | None) -> t
     if not fs.exists(root):
         raise InputError(url, f"{what} does not exist")
     if not fs.isdir(root):
-        raise InputError(url, f"{what} is not a folder")
+        raise InputError(url, f"{what} is a file, not a folder")
     return fs, root
 
 

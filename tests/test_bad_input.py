@@ -36,6 +36,11 @@ def test_missing_and_empty_sources(capsys, tmp_path):
     rc, _, se = sm(capsys, "build", tmp_path / "empty", tmp_path / "o")
     assert rc == 2 and "empty: no images found" in se
     assert_nothing_written(tmp_path / "o")
+    rc, _, se = sm(capsys, "build", tmp_path / "empty/readme.txt", tmp_path / "o")
+    assert rc == 2 and "is a file, not a folder" in se
+    save(tmp_path / "hr/x.png", photos()[0][:32, :32])
+    rc, _, se = sm(capsys, "build", tmp_path / "hr", tmp_path / "empty/readme.txt")
+    assert rc == 2 and "readme.txt: is a file, not a folder for shards" in se
 
 
 def test_truncated_image_fails_or_is_skipped(capsys, tmp_path, hr_tree):
