@@ -360,8 +360,10 @@ def build(opts: BuildOptions) -> BuildResult:
         raise
     finally:
         bar.close()
-    if not shards:
+    if not shards and todo_all:
         raise BuildError(f"{opts.hr_src}: every sample was skipped; nothing to write")
+    if not todo_all:
+        log.warning("part %d/%d has no samples (more parts than images); writing an empty part", *opts.part)
     scan_skips = skipped_scan if opts.part is None or opts.part[0] == 0 else []  # listed once
     skipped_all = scan_skips + skipped
     manifest = _manifest(opts, fp, shards, skipped_all, len(pairs))

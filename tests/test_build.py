@@ -178,6 +178,12 @@ def test_parts_and_merge(capsys, tmp_path, hr_tree):
     assert sm(capsys, "verify", out, "--deep")[0] == 0
     # a part rerun after the merge has nothing to do
     assert sm(capsys, "build", hr_tree, out, "--part", "1/3")[0] == 0
+    # more parts than images: the empty parts are fine
+    many = tmp_path / "many"
+    for i in range(8):
+        assert sm(capsys, "build", hr_tree, many, "--part", f"{i}/8")[0] == 0
+    assert sm(capsys, "merge", many)[0] == 0
+    assert load_manifest(str(many)).samples == 6 and sm(capsys, "verify", many)[0] == 0
 
 
 def test_rerun_is_a_no_op_and_a_different_dataset_is_refused(capsys, tmp_path, hr_tree):
