@@ -12,6 +12,12 @@ FORMAT = "wdsr-shards/1"
 MANIFEST = "manifest.json"
 
 
+def pair_fits(hr_hw: tuple[int, int], lr_hw: tuple[int, int], scale: int) -> bool:
+    """The format's pairing rule: HR sides are s x LR plus less than s (the mod-crop remainder)."""
+    (h, w), (lh, lw) = hr_hw, lr_hw
+    return 0 <= h - scale * lh < scale and 0 <= w - scale * lw < scale
+
+
 class ManifestError(ShardmakerError, ValueError):
     """A manifest that is missing, unreadable or inconsistent."""
 

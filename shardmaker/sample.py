@@ -13,6 +13,7 @@ import xxhash
 from shardmaker import codecs, tario
 from shardmaker.codecs import Codec, ImageDataError
 from shardmaker.errors import InputError
+from shardmaker.manifest import pair_fits
 from shardmaker.resize import ResizeMethod, downscale
 from shardmaker.sources import Pair, Skipped
 
@@ -75,7 +76,7 @@ def _lr_images(pair: Pair, hr: np.ndarray, cfg: SampleConfig) -> dict[int, tuple
         for s, url, rel in pair.lr:
             lr = _load(url, cfg)
             lh, lw = lr.shape[:2]
-            if not (0 <= h - s * lh < s and 0 <= w - s * lw < s) or ((h, w) != (s * lh, s * lw) and not cfg.mod_crop):
+            if not pair_fits((h, w), (lh, lw), s) or ((h, w) != (s * lh, s * lw) and not cfg.mod_crop):
                 raise InputError(url, f"LR {lw}x{lh} does not fit HR {w}x{h} at scale {s}")
             if _describe(lr) != _describe(hr):
                 raise InputError(url, f"LR is {_describe(lr)} (bit depth, channels) but HR is {_describe(hr)}")

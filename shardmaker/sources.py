@@ -197,7 +197,7 @@ def scan(
                 out.problem(lpath, f"a second LR folder with scale {s} (only one folder per scale)")
                 bad.add(key)
                 continue
-            lr_of[key].append((s, lfs.unstrip_protocol(lpath) if _remote(lfs) else lpath, lrel))
+            lr_of[key].append((s, storage.url_of(lfs, lpath), lrel))
         for key, path in by_key.items():
             if key not in matched and key not in bad:
                 out.problem(path, f"HR image has no LR image in {url}")
@@ -211,7 +211,7 @@ def scan(
         pairs.append(
             Pair(
                 key=key,
-                hr=fs.unstrip_protocol(hr_path) if _remote(fs) else hr_path,
+                hr=storage.url_of(fs, hr_path),
                 hr_rel=hr_rel[key],
                 hr_size=sizes[key],
                 lr=tuple(sorted(lr_of[key])),
@@ -226,7 +226,3 @@ def scan(
         raise InputError(hr_url, "no usable HR/LR pairs (all skipped)")
     return pairs, out.skipped
 
-
-def _remote(fs: fsspec.AbstractFileSystem) -> bool:
-    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
-    return "file" not in protocols and "local" not in protocols

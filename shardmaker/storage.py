@@ -25,9 +25,21 @@ def join(root: str, name: str) -> str:
     return posixpath.join(root, name)
 
 
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    return tuple(fs.protocol) if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+
+
 def is_object_store(fs: fsspec.AbstractFileSystem) -> bool:
-    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
-    return any(p in _OBJECT_STORES for p in protocols)
+    return any(p in _OBJECT_STORES for p in _protocols(fs))
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    return any(p in ("file", "local") for p in _protocols(fs))
+
+
+def url_of(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    """A path another process can open with ``fsspec.open``: local paths stay plain."""
+    return path if is_local(fs) else fs.unstrip_protocol(path)
 
 
 def temp_name(fs: fsspec.AbstractFileSystem, path: str) -> str:

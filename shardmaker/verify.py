@@ -64,7 +64,7 @@ def _check_pair(m: Manifest, key: str, members: dict[str, bytes], hr_size: list[
             problems.append(f"{name}: {exc}")
             continue
         lh, lw = lr.shape[:2]
-        if not (0 <= h - s * lh < s and 0 <= w - s * lw < s):
+        if not mf.pair_fits((h, w), (lh, lw), s):
             problems.append(f"{name} is {lw}x{lh}: HR {w}x{h} is not {s} x LR (+ mod-crop)")
         if lr.dtype != hr.dtype or lr.shape[2:] != hr.shape[2:]:
             problems.append(f"{name} has another bit depth or channel count than HR")

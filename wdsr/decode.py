@@ -16,6 +16,7 @@ import xxhash
 
 from shardmaker import codecs
 from shardmaker.codecs import ImageDataError
+from shardmaker.manifest import pair_fits
 from wdsr.errors import SampleError
 from wdsr.plan import Span
 from wdsr.read import RawSample
@@ -87,7 +88,7 @@ def decode_pair(raw: RawSample, codec: str, scale: int, verify: Verify = Verify.
     except ImageDataError as exc:
         raise fail(f"{lr_name}: {exc}") from None
     (h, w), (lh, lw) = hr.shape[:2], lr.shape[:2]
-    if not (0 <= h - scale * lh < scale and 0 <= w - scale * lw < scale):
+    if not pair_fits((h, w), (lh, lw), scale):
         raise fail(f"HR {w}x{h} is not {scale} x LR {lw}x{lh} (wrong scale?)")
     if hr.dtype != lr.dtype or hr.shape[2:] != lr.shape[2:]:
         raise fail(f"HR {hr.dtype}{list(hr.shape[2:])} and LR {lr.dtype}{list(lr.shape[2:])} differ in depth or channels")

@@ -47,8 +47,9 @@ def key_hash(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
-def patch_rng(seed: int, epoch: int, key: str, j: int) -> np.random.Generator:
-    return np.random.default_rng([seed, epoch, key_hash(key), j])
+def patch_rng(seed: int, epoch: int, key: str | int, j: int) -> np.random.Generator:
+    """The generator of patch ``j`` of ``key`` (a key or its ``key_hash``) in this epoch."""
+    return np.random.default_rng([seed, epoch, key if isinstance(key, int) else key_hash(key), j])
 
 
 def cut(pair: DecodedPair, spec: PatchSpec, rng: np.random.Generator, j: int) -> tuple[Patch, int]:
@@ -81,8 +82,9 @@ def cut(pair: DecodedPair, spec: PatchSpec, rng: np.random.Generator, j: int) ->
 def cut_patches(pair: DecodedPair, spec: PatchSpec, seed: int, epoch: int, first: int, count: int) -> tuple[list[Patch], int]:
     """Patches ``first .. first+count-1`` of this pair (j is offset by the plan's wrap count)."""
     out, rejected = [], 0
+    kh = key_hash(pair.key)
     for j in range(first, first + count):
-        patch, r = cut(pair, spec, patch_rng(seed, epoch, pair.key, j), j)
+        patch, r = cut(pair, spec, patch_rng(seed, epoch, kh, j), j)
         out.append(patch)
         rejected += r
     return out, rejected
