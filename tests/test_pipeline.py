@@ -276,3 +276,18 @@ def test_too_few_patches_for_one_batch_is_refused(photo_shards):
     ds = wdsr.SRDataset(str(photo_shards), scale=4, patch_size=48, patches_per_image=2, batch_size=16)
     with pytest.raises(ValueError, match="< batch_size 16"):
         wdsr.make_loader(ds, num_workers=4)
+
+
+def test_shared_slot_handoff_gives_the_same_batches(photo_shards):
+    def batches(pool: bool) -> list[str]:
+        ds = wdsr.SRDataset(str(photo_shards), scale=2, patch_size=32, patches_per_image=8, batch_size=4,
+                            shuffle_buffer=16, seed=9)
+        loader = wdsr.make_loader(ds, num_workers=2, persistent_workers=False, prefetch_factor=2)
+        assert ds.handoff is not None and ds.handoff.slots == 4
+        if not pool:
+            ds.handoff = None  # workers then send tensors the usual torch way
+        out = [digest(lr) + digest(hr) for lr, hr in loader]
+        assert len(out) == len(loader) > 2 * 4  # more batches than both workers' slots: slots were recycled
+        return out
+
+    assert batches(True) == batches(False)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-import multiprocessing as mp
 import time
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -17,6 +16,7 @@ from shardmaker import manifest as mf
 from wdsr import env
 from wdsr.decode import DecodedPair, Verify, decode_pair, wanted_members
 from wdsr.errors import SampleError
+from wdsr.handoff import BatchPool
 from wdsr.patches import Patch, PatchSpec, cut_patches
 from wdsr.plan import Span, slice_length, train_plan, val_plan
 from wdsr.read import RawSample, ShardReader
@@ -103,9 +103,10 @@ class SRDataset(IterableDataset):
         self.world = world if world is not None else env.current_world()
         self.reader = ShardReader(url, self.manifest, storage_options)
         self.num_workers = 0  # set by make_loader, used by __len__
-        self._epoch = mp.RawValue("q", 0)  # shared with (persistent) workers
+        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()  # shared with (persistent) workers
         self.epoch_set = False
         self.stats = SharedStats()
+        self.handoff: BatchPool | None = None  # set by make_loader when there are workers
         self._logged: set[tuple[str, str | None]] = set()
 
     def __repr__(self) -> str:
@@ -117,11 +118,11 @@ class SRDataset(IterableDataset):
     # ---- epochs and sizes -------------------------------------------------------------------
     @property
     def epoch(self) -> int:
-        return int(self._epoch.value)
+        return int(self._epoch[0])
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch (shard order, patch positions); reaches persistent workers too."""
-        self._epoch.value = int(epoch)
+        self._epoch[0] = int(epoch)
         self.epoch_set = True
 
     def _sizes(self) -> list[int]:
@@ -251,7 +252,12 @@ class SRDataset(IterableDataset):
         for patch in shuffled(self._patches(spans, epoch, worker, fallback), o.shuffle_buffer, rng):
             batch.append(patch)
             if len(batch) == o.batch_size:
-                out = collate(batch, o.return_keys)
+                out = None
+                if self.handoff is not None and torch.utils.data.get_worker_info() is not None:
+                    out = self.handoff.put(worker, [p.lr for p in batch], [p.hr for p in batch],
+                                           [p.key for p in batch] if o.return_keys else None)
+                if out is None:
+                    out = collate(batch, o.return_keys)
                 batch = []
                 self.stats.add(worker, batches=1, busy_ns=time.perf_counter_ns() - t0)
                 yield out

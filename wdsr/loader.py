@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
-from wdsr.dataset import SRDataset
+from wdsr.dataset import Split, SRDataset
+from wdsr.errors import SampleError
+from wdsr.handoff import BatchPool, is_slot
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
@@ -44,9 +47,10 @@ class SRLoader(DataLoader):
 
     dataset: SRDataset
 
-    def __init__(self, dataset: SRDataset, **kwargs: Any) -> None:
+    def __init__(self, dataset: SRDataset, pin_batches: bool = False, **kwargs: Any) -> None:
         super().__init__(dataset, batch_size=None, **kwargs)
         self._passes = 0
+        self._pin = pin_batches
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -54,10 +58,22 @@ class SRLoader(DataLoader):
     def __iter__(self):
         ds = self.dataset
         if self._passes and not ds.epoch_set:
-            ds._epoch.value += 1
+            ds._epoch += 1
         ds.epoch_set = False
         self._passes += 1
-        return super().__iter__()
+        return _batches(super().__iter__(), ds.handoff, self._pin, self.persistent_workers)
+
+
+def _batches(inner: Any, pool: BatchPool | None, pin: bool, persistent: bool) -> Iterator[Any]:
+    """Batches from the DataLoader, copied out of their pool slots; workers that are not
+    persistent are shut down as soon as the pass ends or fails, not whenever garbage collection
+    gets to the iterator (which stalled exits by seconds)."""
+    try:
+        for item in inner:
+            yield pool.take(item, pin) if pool is not None and is_slot(item) else item
+    finally:
+        if not persistent and hasattr(inner, "_shutdown_workers"):
+            inner._shutdown_workers()
 
 
 def make_loader(dataset: SRDataset, num_workers: int = 4, pin_memory: bool | None = None,
@@ -70,10 +86,37 @@ def make_loader(dataset: SRDataset, num_workers: int = 4, pin_memory: bool | Non
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
     extra: dict[str, Any] = {}
+    dataset.handoff = None
     if num_workers > 0:
         extra = {"prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers,
                  "worker_init_fn": _worker_init}
+        if dataset.opts.split is Split.TRAIN:
+            # slots: the batches a worker may have in flight, plus the one being copied out
+            dataset.handoff = BatchPool(num_workers, prefetch_factor + 2, _batch_bytes(dataset))
+    if dataset.handoff is not None:  # the copy out of the slot goes straight into pinned memory
+        return SRLoader(dataset, pin_batches=pin_memory, num_workers=num_workers, pin_memory=False, **extra, **kwargs)
     return SRLoader(dataset, num_workers=num_workers, pin_memory=pin_memory, **extra, **kwargs)
+
+
+def _batch_bytes(ds: SRDataset) -> int:
+    """Bytes of one batch, from the first sample's channels and bit depth."""
+    import json
+
+    from wdsr.plan import Span
+
+    meta = {"channels": 3, "bit_depth": 16}  # the largest batch, if no sample can be read here
+    for i, shard in enumerate(ds.manifest.shards[:8]):
+        try:
+            raw = next(ds.reader.span(Span(i, 0, 1), frozenset({"json"})), None)
+            if raw is not None and "json" in raw.members:
+                meta = json.loads(raw.members["json"])
+                break
+        except (SampleError, ValueError):
+            continue  # a broken shard: the workers will report it
+    o = ds.opts
+    per_pixel = int(meta.get("channels", 3)) * (2 if int(meta.get("bit_depth", 8)) == 16 else 1)
+    p = o.patch_size // o.scale
+    return o.batch_size * per_pixel * (p * p + o.patch_size * o.patch_size)
 
 
 def to_float(x: torch.Tensor) -> torch.Tensor:

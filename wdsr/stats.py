@@ -1,10 +1,11 @@
 """Counters shared between DataLoader workers and the trainer process (one row per worker)."""
 from __future__ import annotations
 
-import multiprocessing as mp
 import resource
 import time
 from typing import Any
+
+import torch
 
 FIELDS = ("samples", "patches", "batches", "skipped", "bytes_read", "read_ns", "verify_ns", "decode_ns", "patch_ns",
           "busy_ns", "rejected", "peak_rss_kb", "peak_private_kb")
@@ -15,8 +16,19 @@ class SharedStats:
 
     def __init__(self, slots: int = 64) -> None:
         self.slots = slots
-        self._arr = mp.RawArray("q", slots * len(FIELDS))
+        # torch shared memory rather than multiprocessing's heap, whose arenas slowed worker exit here
+        self._tensor = torch.zeros(slots * len(FIELDS), dtype=torch.int64).share_memory_()
+        self._arr = self._tensor.numpy()
         self._last_mark = -1e9
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_arr"]  # rebuilt from the shared tensor on the other side
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._arr = self._tensor.numpy()
 
     def add(self, worker: int, **values: int) -> None:
         base = (worker % self.slots) * len(FIELDS)
@@ -41,7 +53,7 @@ class SharedStats:
 
     def rows(self) -> list[dict[str, int]]:
         n = len(FIELDS)
-        rows = [dict(zip(FIELDS, self._arr[i * n : (i + 1) * n])) for i in range(self.slots)]
+        rows = [dict(zip(FIELDS, map(int, self._arr[i * n : (i + 1) * n]))) for i in range(self.slots)]
         return [r for r in rows if any(r.values())]
 
     def totals(self) -> dict[str, Any]:
@@ -53,8 +65,7 @@ class SharedStats:
         return out
 
     def reset(self) -> None:
-        for i in range(len(self._arr)):
-            self._arr[i] = 0
+        self._arr[:] = 0
 
 
 def private_kb() -> int:
