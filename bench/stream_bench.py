@@ -53,6 +53,7 @@ def main() -> int:
     work = Path(args.out)
     urls = shards(work, args.frames)
     kw = dict(batch_size=16, patch_size=192, scale=4, seconds=args.seconds)
+    bench_stream(urls["png"], workers=2, k=16, **{**kw, "seconds": 5.0})  # unmeasured: the first loader of a process runs slow
     res = [
         bench_stream(urls["png"], workers=1, k=16, name="wdsr PNG k=16, 1 worker", **kw),
         bench_stream(urls["png"], workers=2, k=16, name="wdsr PNG k=16, 2 workers", **kw),
