@@ -291,3 +291,15 @@ def test_shared_slot_handoff_gives_the_same_batches(photo_shards):
         return out
 
     assert batches(True) == batches(False)
+
+
+def test_two_loaders_on_one_dataset_keep_their_own_slots(photo_shards):
+    ds = wdsr.SRDataset(str(photo_shards), scale=2, patch_size=32, patches_per_image=4, batch_size=8, seed=3)
+    first = wdsr.make_loader(ds, num_workers=2)
+    a = [digest(lr) for lr, _ in first]
+    second = wdsr.make_loader(ds, num_workers=1)
+    ds.set_epoch(0)
+    b = [digest(lr) for lr, _ in second]
+    ds.set_epoch(0)
+    assert [digest(lr) for lr, _ in first] == a  # persistent workers of the first loader, its own slots
+    assert len(b) == len(second) == 5 and len(a) == len(first) == 4  # each loader's own len()

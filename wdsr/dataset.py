@@ -137,7 +137,11 @@ class SRDataset(IterableDataset):
 
     def __len__(self) -> int:
         """Train: batches per rank per epoch (exact). Val: images (items) of this rank."""
-        nw = max(1, self.num_workers)
+        return self.length(self.num_workers)
+
+    def length(self, num_workers: int) -> int:
+        """``len()`` for a loader with ``num_workers`` workers."""
+        nw = max(1, num_workers)
         if self.opts.split is Split.VAL:
             return sum(len(s) for s in val_plan(self._sizes(), self.world.size, nw)[self.world.rank * nw:][:nw])
         return nw * self.batches_per_worker(nw)

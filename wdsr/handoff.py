@@ -9,6 +9,7 @@ never reused while anything can still see it.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ class BatchPool:
         self._data = torch.empty(workers * slots * slot_bytes, dtype=torch.uint8).share_memory_()
         self._flags = torch.zeros(workers * slots, dtype=torch.int8).share_memory_()
         self._next = 0
+        self.token = int.from_bytes(os.urandom(6), "little")  # tells pools apart
 
     @property
     def _busy(self) -> np.ndarray:
@@ -51,11 +53,13 @@ class BatchPool:
         view = self._view(index)
         np.stack(lr, out=view[:n_lr].view(a.dtype).reshape((len(lr),) + a.shape))
         np.stack(hr, out=view[n_lr : n_lr + n_hr].view(b.dtype).reshape((len(hr),) + b.shape))
-        return (TAG, index, (len(lr),) + a.shape, (len(hr),) + b.shape, a.dtype.name, keys)
+        return (TAG, self.token, index, (len(lr),) + a.shape, (len(hr),) + b.shape, a.dtype.name, keys)
 
     def take(self, meta: tuple, pin: bool) -> tuple[Any, ...]:
         """The trainer side: copy the batch out of its slot, free the slot, return tensors."""
-        _, index, lr_shape, hr_shape, dtype, keys = meta
+        _, token, index, lr_shape, hr_shape, dtype, keys = meta
+        if token != self.token:
+            raise RuntimeError("a batch arrived from another loader's workers; build one loader per dataset")
         np_t, torch_t = _DTYPES[dtype]
         view = self._view(index)
         out, at = [], 0
@@ -71,4 +75,4 @@ class BatchPool:
 
 
 def is_slot(item: Any) -> bool:
-    return isinstance(item, (tuple, list)) and len(item) == 6 and item[0] == TAG
+    return isinstance(item, (tuple, list)) and len(item) == 7 and item[0] == TAG

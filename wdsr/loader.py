@@ -51,9 +51,10 @@ class SRLoader(DataLoader):
         super().__init__(dataset, batch_size=None, **kwargs)
         self._passes = 0
         self._pin = pin_batches
+        self._pool = dataset.handoff  # this loader's slots, even if the dataset gets another loader later
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return self.dataset.length(self.num_workers)
 
     def __iter__(self):
         ds = self.dataset
@@ -61,7 +62,8 @@ class SRLoader(DataLoader):
             ds._epoch += 1
         ds.epoch_set = False
         self._passes += 1
-        return _batches(super().__iter__(), ds.handoff, self._pin, self.persistent_workers)
+        ds.handoff = self._pool  # workers started now write into this loader's slots
+        return _batches(super().__iter__(), self._pool, self._pin, self.persistent_workers)
 
 
 def _batches(inner: Any, pool: BatchPool | None, pin: bool, persistent: bool) -> Iterator[Any]:
