@@ -21,7 +21,6 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-import fsspec
 import numpy as np
 from tqdm import tqdm
 

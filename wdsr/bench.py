@@ -115,19 +115,12 @@ class NaiveDataset(Dataset):
 
     def __getitem__(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         hr_img, lr_img = self._pair(n)
-        pair = _Pair(hr_img, lr_img)
         p, s = self.patch_size // self.scale, self.scale
-        lh, lw = pair.lr.shape[:2]
+        lh, lw = lr_img.shape[:2]
         y, x = random.randint(0, lh - p), random.randint(0, lw - p)
-        lr = np.ascontiguousarray(pair.lr[y : y + p, x : x + p].transpose(2, 0, 1))
-        hr = np.ascontiguousarray(pair.hr[s * y : s * (y + p), s * x : s * (x + p)].transpose(2, 0, 1))
+        lr = np.ascontiguousarray(lr_img[y : y + p, x : x + p].transpose(2, 0, 1))
+        hr = np.ascontiguousarray(hr_img[s * y : s * (y + p), s * x : s * (x + p)].transpose(2, 0, 1))
         return torch.from_numpy(lr), torch.from_numpy(hr)
-
-
-@dataclasses.dataclass
-class _Pair:
-    hr: np.ndarray
-    lr: np.ndarray
 
 
 def bench_naive(url: str, workers: int = 2, batch_size: int = 16, patch_size: int = 192, scale: int = 4,

@@ -19,7 +19,7 @@ from wdsr.errors import SampleError
 from wdsr.handoff import BatchPool
 from wdsr.patches import Patch, PatchSpec, cut_patches
 from wdsr.plan import Span, slice_length, train_plan, val_plan
-from wdsr.read import RawSample, ShardReader
+from wdsr.read import ShardReader
 from wdsr.shuffle import shuffled
 from wdsr.stats import SharedStats
 from wdsr.tiles import tile_boxes
@@ -268,7 +268,6 @@ class SRDataset(IterableDataset):
                 t0 = time.perf_counter_ns()
 
     def _val(self, worker: int, nw: int) -> Iterator[ValSample]:
-        o = self.opts
         items = val_plan(self._sizes(), self.world.size, nw)[self.world.rank * nw + worker]
         for shard, index in items:
             for pair in self._pairs([Span(shard, index, index + 1)], worker):
@@ -297,21 +296,7 @@ def _nchw(a: np.ndarray) -> np.ndarray:
 
 
 def collate(patches: list[Patch], return_keys: bool = False) -> tuple[Any, ...]:
-    """Stack patches into ``lr [B,C,p,p]``, ``hr [B,C,sp,sp]``.
-
-    In a DataLoader worker the batch is written straight into shared memory, so handing it to
-    the trainer costs no further copy.
-    """
-    shared = torch.utils.data.get_worker_info() is not None
-    out = []
-    for arrays in ([p.lr for p in patches], [p.hr for p in patches]):
-        first = arrays[0]
-        t = torch.empty((len(arrays),) + first.shape, dtype=_TORCH_DTYPES[first.dtype.type])
-        if shared:
-            t.share_memory_()
-        np.stack(arrays, out=t.numpy())
-        out.append(t)
-    return (out[0], out[1], [p.key for p in patches]) if return_keys else (out[0], out[1])
-
-
-_TORCH_DTYPES = {np.uint8: torch.uint8, np.uint16: torch.uint16}
+    """Stack patches into ``lr [B,C,p,p]``, ``hr [B,C,sp,sp]`` (used where no slot pool is)."""
+    lr = torch.from_numpy(np.stack([p.lr for p in patches]))
+    hr = torch.from_numpy(np.stack([p.hr for p in patches]))
+    return (lr, hr, [p.key for p in patches]) if return_keys else (lr, hr)

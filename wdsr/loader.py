@@ -107,7 +107,7 @@ def _batch_bytes(ds: SRDataset) -> int:
     from wdsr.plan import Span
 
     meta = {"channels": 3, "bit_depth": 16}  # the largest batch, if no sample can be read here
-    for i, shard in enumerate(ds.manifest.shards[:8]):
+    for i in range(min(8, len(ds.manifest.shards))):
         try:
             raw = next(ds.reader.span(Span(i, 0, 1), frozenset({"json"})), None)
             if raw is not None and "json" in raw.members:
