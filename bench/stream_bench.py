@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -52,6 +53,9 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(args.out)
     urls = shards(work, args.frames)
+    # Flush the shards just written: kernel writeback of a few GB of dirty pages would otherwise
+    # run during the first measurements and take CPU from the workers.
+    os.sync()
     kw = dict(batch_size=16, patch_size=192, scale=4, seconds=args.seconds)
     bench_stream(urls["png"], workers=2, k=16, **{**kw, "seconds": 5.0})  # unmeasured: the first loader of a process runs slow
     res = [

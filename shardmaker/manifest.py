@@ -115,6 +115,11 @@ class Manifest:
         return m
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def load(url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
     """Read ``URL/manifest.json`` (URL is the dataset folder)."""
     fs, root = storage.open_dir(url, storage_options)
@@ -123,6 +128,9 @@ def load(url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
         raw = storage.read_bytes(fs, path)
     except FileNotFoundError:
         raise ManifestError(f"{url}: no {MANIFEST} (not a shard set, or its build did not finish)") from None
+    except PermissionError as exc:
+        raise PermissionError(f"{url}: access denied reading {MANIFEST} ({_first_line(exc)}); check the credentials "
+                              "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or storage_options)") from None
     try:
         data = json.loads(raw)
     except ValueError as exc:

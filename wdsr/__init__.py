@@ -7,7 +7,8 @@
 from wdsr.dataset import SRDataset, ValSample
 from wdsr.errors import SampleError
 from wdsr.loader import SRLoader, make_loader, to_float
+from wdsr.remote import ReadFailed, Retry
 from wdsr.tiles import stitch
 
-__all__ = ["SRDataset", "SRLoader", "SampleError", "ValSample", "make_loader", "stitch", "to_float"]
+__all__ = ["ReadFailed", "Retry", "SRDataset", "SRLoader", "SampleError", "ValSample", "make_loader", "stitch", "to_float"]
 __version__ = "0.1.0"

@@ -19,7 +19,8 @@ from wdsr.errors import SampleError
 from wdsr.handoff import BatchPool
 from wdsr.patches import Patch, PatchSpec, cut_patches
 from wdsr.plan import Span, slice_length, train_plan, val_plan
-from wdsr.read import ShardReader
+from wdsr.read import Fetch, ReadOptions, ShardReader
+from wdsr.remote import Retry
 from wdsr.shuffle import shuffled
 from wdsr.stats import SharedStats
 from wdsr.tiles import tile_boxes
@@ -84,6 +85,11 @@ class SRDataset(IterableDataset):
     Train: every rank gets the same number of batches; batches are uint8 (or uint16) tensors
     ``lr [B,C,p,p]``, ``hr [B,C,s*p,s*p]`` made in the workers. Val: every image once across
     ranks, in manifest order, whole or tiled. Use :func:`wdsr.make_loader` to build the loader.
+
+    Remote URLs (``s3://...``; credentials, region and endpoint from the standard AWS variables
+    or ``storage_options``) are read with range requests that ``retry`` and resume at the byte
+    reached; ``read_ahead`` samples are fetched while one is decoded; ``cache_dir`` keeps whole
+    shards on local disk (``cache_limit`` bytes, least recently used evicted) for later epochs.
     """
 
     def __init__(self, url: str, scale: int = 4, patch_size: int = 192, patches_per_image: int = 16,
@@ -91,7 +97,8 @@ class SRDataset(IterableDataset):
                  split: str = "train", on_error: str = "fail", min_patch_std: float | None = None,
                  max_tries: int = 10, verify: str = "xxh3_64", tile: int | None = None, tile_overlap: int = 8,
                  return_keys: bool = False, storage_options: dict[str, Any] | None = None,
-                 world: env.World | None = None) -> None:
+                 world: env.World | None = None, retry: Retry | None = None, read_ahead: int = 1,
+                 cache_dir: str | None = None, cache_limit: int | None = None, fetch: str = "ranges") -> None:
         super().__init__()
         self.opts = Options(scale, patch_size, patches_per_image, batch_size, shuffle_buffer, augment, seed,
                             Split(split), OnError(on_error), min_patch_std, max_tries, Verify(verify), tile,
@@ -101,7 +108,8 @@ class SRDataset(IterableDataset):
         if scale not in self.manifest.scales:
             raise ValueError(f"{url}: no x{scale} LR in this dataset (scales: {self.manifest.scales})")
         self.world = world if world is not None else env.current_world()
-        self.reader = ShardReader(url, self.manifest, storage_options)
+        self.reader = ShardReader(url, self.manifest, storage_options,
+                                  ReadOptions(retry or Retry(), read_ahead, Fetch(fetch), cache_dir, cache_limit))
         self.num_workers = 0  # set by make_loader, used by __len__
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()  # shared with (persistent) workers
         self.epoch_set = False
@@ -171,7 +179,8 @@ class SRDataset(IterableDataset):
                 try:
                     for raw in self.reader.span(Span(span.shard, pos, span.stop, span.rep), wanted):
                         pos = raw.index + 1
-                        self.stats.add(worker, samples=1, bytes_read=raw.nbytes, read_ns=raw.read_ns)
+                        self.stats.add(worker, samples=1, bytes_read=raw.nbytes, read_ns=raw.read_ns,
+                                       **self.reader.take_counts())
                         try:
                             pair = decode_pair(raw, self.manifest.codec, o.scale, o.verify)
                         except SampleError as exc:
@@ -182,6 +191,7 @@ class SRDataset(IterableDataset):
                         yield pair
                         del pair, raw  # hold nothing while the next sample is read and decoded
                 except SampleError as exc:
+                    self.stats.add(worker, **self.reader.take_counts())
                     lost = span.stop - pos if exc.key is None else 1
                     self._skip(worker, exc, lost)
                     for _ in range(lost):

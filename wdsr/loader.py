@@ -109,12 +109,14 @@ def _batch_bytes(ds: SRDataset) -> int:
     meta = {"channels": 3, "bit_depth": 16}  # the largest batch, if no sample can be read here
     for i in range(min(8, len(ds.manifest.shards))):
         try:
-            raw = next(ds.reader.span(Span(i, 0, 1), frozenset({"json"})), None)
+            raw = next(ds.reader.span(Span(i, 0, 1), frozenset({"json"}), fill_cache=False), None)
             if raw is not None and "json" in raw.members:
                 meta = json.loads(raw.members["json"])
                 break
         except (SampleError, ValueError):
             continue  # a broken shard: the workers will report it
+        finally:
+            ds.stats.add(0, **ds.reader.take_counts())  # retries made here count too
     o = ds.opts
     per_pixel = int(meta.get("channels", 3)) * (2 if int(meta.get("bit_depth", 8)) == 16 else 1)
     p = o.patch_size // o.scale

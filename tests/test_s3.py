@@ -1,0 +1,288 @@
+"""Object storage against a real S3 server on 127.0.0.1, with faults injected by a TCP proxy."""
+from __future__ import annotations
+
+import hashlib
+import logging
+import multiprocessing as mp
+import os
+import time
+
+import pytest
+import s3fs
+import torch
+
+import wdsr
+from shardmaker.cli import main as shardmaker_main
+from shardmaker.manifest import load
+import numpy as np
+
+from tests.conftest import S3_BUCKET, photos, save
+from tests.faultproxy import FaultProxy
+from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
+
+FAST = wdsr.Retry(attempts=6, backoff_s=0.05, max_backoff_s=0.5, timeout_s=2.0)
+
+
+def s3fs_for(endpoint: str, secret: str = SECRET_KEY) -> s3fs.S3FileSystem:
+    return s3fs.S3FileSystem(key=ACCESS_KEY, secret=secret, endpoint_url=endpoint,
+                             client_kwargs={"region_name": REGION}, skip_instance_cache=True)
+
+
+def batches(ds: wdsr.SRDataset, workers: int = 2, epoch: int = 0, loader=None) -> list[tuple[str, str, tuple]]:
+    ds.set_epoch(epoch)
+    out = []
+    for lr, hr, keys in loader or wdsr.make_loader(ds, num_workers=workers):
+        out.append((hashlib.sha256(lr.numpy().tobytes()).hexdigest(), hashlib.sha256(hr.numpy().tobytes()).hexdigest(), tuple(keys)))
+    return out
+
+
+def dataset(url: str, **kw) -> wdsr.SRDataset:
+    args = dict(scale=4, patch_size=48, patches_per_image=3, batch_size=2, shuffle_buffer=8, seed=5, return_keys=True)
+    return wdsr.SRDataset(url, **{**args, **kw})
+
+
+@pytest.fixture()
+def proxy(s3):
+    p = FaultProxy(s3.port)
+    yield p
+    p.close()
+
+
+def test_build_writes_shards_and_manifest_to_s3_and_verify_reads_them(s3, s3_photo_shards, photo_shards, capsys):
+    fs = s3fs_for(s3.endpoint)
+    local = load(str(photo_shards))
+    remote = load(s3_photo_shards)
+    assert [(s.name, s.sha256, s.offsets) for s in remote.shards] == [(s.name, s.sha256, s.offsets) for s in local.shards]
+    names = {p.rsplit("/", 1)[1] for p in fs.ls(f"{S3_BUCKET}/photos")}
+    assert {s.name for s in remote.shards} | {"manifest.json"} <= names
+    assert not any(n.endswith(".partial") for n in names)
+    assert shardmaker_main(["verify", "--deep", s3_photo_shards]) == 0
+    assert shardmaker_main(["info", s3_photo_shards]) == 0
+    assert "10" in capsys.readouterr().out
+
+
+def test_large_shards_are_uploaded_in_parts(s3, tmp_path):
+    """A shard bigger than the upload block goes up as a multipart upload (ETag "...-N")."""
+    from shardmaker.build import BuildOptions, build
+    from shardmaker.codecs import Codec
+    from shardmaker.sample import SampleConfig
+
+    for i, pic in enumerate(photos()):  # 4 x ~2.5 MB of QOI: one shard of > 5 MiB
+        save(tmp_path / "src" / f"big{i}.png", np.ascontiguousarray(np.tile(pic, (2, 2, 1))[:1000, :1000]))
+    url = f"s3://{S3_BUCKET}/multipart"
+    opts = {"default_block_size": 5 * 2**20}  # the S3 minimum part size
+    build(BuildOptions(hr_src=str(tmp_path / "src"), out=url, progress=False,
+                       sample=SampleConfig(scales=(2,), codec=Codec.QOI, storage_options=opts)))
+    m = load(url)
+    assert len(m.shards) == 1 and m.shards[0].bytes > 5 * 2**20
+    etag = s3fs_for(s3.endpoint).info(f"{S3_BUCKET}/multipart/{m.shards[0].name}")["ETag"].strip('"')
+    assert "-" in etag, f"expected a multipart ETag, got {etag}"
+    assert shardmaker_main(["verify", url]) == 0
+
+
+@pytest.mark.parametrize("kw", [{}, {"read_ahead": 0}, {"fetch": "fsspec"}], ids=["read-ahead", "no-read-ahead", "fsspec-file"])
+def test_streaming_from_s3_gives_the_same_batches_as_local_disk(s3_photo_shards, photo_shards, kw):
+    want = batches(dataset(str(photo_shards)))
+    ds = dataset(s3_photo_shards, **kw)
+    assert batches(ds) == want
+    assert ds.stats.totals()["retries"] == 0
+
+
+def test_cut_stalled_and_503_reads_resume_and_lose_nothing(s3, s3_photo_shards, photo_shards, proxy):
+    want = batches(dataset(str(photo_shards)))
+    ds = dataset(s3_photo_shards, retry=FAST, storage_options={"endpoint_url": proxy.endpoint})
+    loader = wdsr.make_loader(ds, num_workers=2)  # its one peek at a sample goes before the faults
+    proxy.cut_after(40_000, times=5)
+    proxy.fail_503(times=3)
+    proxy.stall(30_000, seconds=4.0, times=2)
+    armed = proxy.pending()
+    got = batches(ds, loader=loader)
+    assert got == want  # same samples, same order, nothing repeated or lost
+    assert proxy.pending() == 0 and proxy.faults == armed
+    assert ds.stats.totals()["retries"] > 0  # counted in the loader stats (a cut may land after a response ended)
+
+
+def test_resume_starts_at_the_byte_reached(s3, s3_photo_shards, proxy):
+    """A read that stalls after N bytes times out; the retry asks only for the bytes after N."""
+    m = load(s3_photo_shards)
+    info = m.shards[0]
+    fs = s3fs_for(proxy.endpoint)
+    requests: list[str] = []
+    real = fs._call_s3
+
+    async def spy(method, *args, **kw):
+        requests.append(kw.get("Range", ""))
+        return await real(method, *args, **kw)
+
+    fs._call_s3 = spy
+    path = f"{S3_BUCKET}/photos/{info.name}"
+    rf = wdsr.remote.RemoteFile(fs, path, "s3://" + path, FAST)
+    proxy.stall(50_000, seconds=4.0, times=2)  # FAST gives up on a silent connection after 2 s
+    data = rf.read(0, info.bytes)
+    assert hashlib.sha256(data).hexdigest() == info.sha256
+    starts = [int(r.split("=")[1].split("-")[0]) for r in requests]
+    assert len(starts) == 3 and starts[0] == 0
+    header = 600  # the HTTP response head counts in the proxy's 50_000 bytes
+    assert 50_000 - header < starts[1] < 50_000 and 100_000 - 2 * header < starts[2] < 100_000
+
+
+def test_a_shard_that_keeps_failing_is_named_or_skipped_with_equal_batches(s3, s3_photo_shards, proxy):
+    m = load(s3_photo_shards)
+    bad = m.shards[1].name
+    opts = {"endpoint_url": proxy.endpoint}
+    proxy.cut_after(1000, times=10_000, match=bad.encode())
+    with pytest.raises(wdsr.SampleError, match=rf"s3://{S3_BUCKET}/photos/{bad}: gave up .* after 6 tries"):
+        batches(dataset(s3_photo_shards, retry=FAST, storage_options=opts), workers=0)
+    ds = dataset(s3_photo_shards, retry=FAST, storage_options=opts, on_error="skip")
+    got = batches(ds, workers=2)
+    assert len(got) == len(wdsr.make_loader(ds, num_workers=2))
+    assert ds.stats.totals()["skipped"] >= 1
+    assert not any(k in set(m.shards[1].keys) for b in got for k in b[2])
+
+
+def test_wrong_secret_is_a_clear_auth_error_and_secrets_never_show(s3, s3_photo_shards, caplog, capsys, monkeypatch):
+    caplog.set_level(logging.DEBUG, logger="wdsr")
+    with pytest.raises(PermissionError) as exc:
+        dataset(s3_photo_shards, storage_options={"key": ACCESS_KEY, "secret": "not-the-secret-123"})
+    assert "access denied" in str(exc.value).lower() and "not-the-secret-123" not in str(exc.value)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret-123")
+    s3fs.S3FileSystem.clear_instance_cache()  # as in a fresh CLI process
+    assert shardmaker_main(["info", s3_photo_shards]) == 2
+    err = capsys.readouterr().err
+    assert "access denied" in err.lower() and "not-the-secret-123" not in err
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    s3fs.S3FileSystem.clear_instance_cache()
+    # the right secret passed explicitly: not in repr, errors, logs or stats
+    fs = s3fs_for(s3.endpoint)
+    fs.copy(f"{S3_BUCKET}/photos", f"{S3_BUCKET}/photos-gap", recursive=True)
+    m = load(s3_photo_shards)
+    fs.rm(f"{S3_BUCKET}/photos-gap/{m.shards[0].name}")
+    ds = dataset(f"s3://{S3_BUCKET}/photos-gap", storage_options={"key": ACCESS_KEY, "secret": SECRET_KEY}, retry=FAST)
+    with pytest.raises(wdsr.SampleError, match="shard is missing") as err2:
+        batches(ds, workers=0)
+    assert m.shards[0].name in str(err2.value)
+    shown = " ".join([repr(ds), repr(ds.reader), str(err2.value), caplog.text, str(ds.stats.totals())])
+    assert SECRET_KEY not in shown
+
+
+def test_killed_server_mid_epoch_is_a_clear_error_not_a_hang(tmp_path, photo_src):
+    server = S3Server(tmp_path / "s3").start()
+    try:
+        server.make_bucket("dying")
+        env = server.env()
+        opts = {"key": env["AWS_ACCESS_KEY_ID"], "secret": env["AWS_SECRET_ACCESS_KEY"], "endpoint_url": server.endpoint,
+                "client_kwargs": {"region_name": REGION}}
+        url = "s3://dying/ds"
+        from shardmaker.build import BuildOptions, build
+        from shardmaker.sample import SampleConfig
+
+        build(BuildOptions(hr_src=str(photo_src), out=url, progress=False, max_samples=2,
+                           sample=SampleConfig(scales=(4,), storage_options=opts)))
+        ds = dataset(url, storage_options=opts, retry=FAST, read_ahead=0)
+        it = iter(wdsr.make_loader(ds, num_workers=2))
+        next(it)
+        server.kill()
+        t0 = time.monotonic()
+        # the worker's SampleError reaches the trainer (torch re-raises it as RuntimeError, message kept)
+        with pytest.raises(Exception, match=r"s3://dying/ds/shard-\d+\.tar: gave up reading .* after 6 tries"):
+            for _ in it:
+                pass
+        assert time.monotonic() - t0 < 60
+    finally:
+        server.stop()
+
+
+def _fill(url: str, endpoint: str, cache: str, index: int, q) -> None:
+    ds = dataset(url, storage_options={"endpoint_url": endpoint}, cache_dir=cache)
+    info = ds.manifest.shards[index]
+    path, downloaded = ds.reader.cache.fill(info, lambda write: write(bytes(_remote(ds, info).read(0, info.bytes))))
+    q.put((downloaded, hashlib.sha256(open(path, "rb").read()).hexdigest()))
+
+
+def _remote(ds: wdsr.SRDataset, info):
+    ds.reader._open_fs()
+    path = f"{ds.reader._root}/{info.name}"
+    return wdsr.remote.RemoteFile(ds.reader._fs, path, "s3://" + path, FAST)
+
+
+def test_cache_fills_once_then_serves_later_epochs_locally(s3, s3_photo_shards, photo_shards, proxy, tmp_path):
+    cache = tmp_path / "cache"
+    want = [batches(dataset(str(photo_shards)), epoch=e) for e in (0, 1)]
+    ds = dataset(s3_photo_shards, storage_options={"endpoint_url": proxy.endpoint}, cache_dir=str(cache))
+    assert batches(ds, epoch=0) == want[0]
+    first = ds.stats.totals()
+    m = load(s3_photo_shards)
+    assert first["cache_misses"] == len(m.shards)
+    gets = proxy.gets
+    assert batches(ds, epoch=1) == want[1]
+    assert proxy.gets == gets  # epoch 1 sent no GET to S3
+    second = ds.stats.totals()
+    assert second["cache_misses"] == first["cache_misses"] and second["cache_hits"] > first["cache_hits"]
+    assert sorted(p.name.split("-", 1)[1] for p in cache.iterdir() if p.suffix == ".tar") == sorted(s.name for s in m.shards)
+
+
+def test_cache_evicts_least_recently_used_under_its_limit(s3, s3_photo_shards, photo_shards, tmp_path):
+    m = load(s3_photo_shards)
+    limit = sum(sorted(s.bytes for s in m.shards)[-2:]) + 1  # room for the two largest shards
+    ds = dataset(s3_photo_shards, cache_dir=str(tmp_path / "c"), cache_limit=limit)
+    assert batches(ds, epoch=0) == batches(dataset(str(photo_shards)), epoch=0)
+    assert 0 < ds.reader.cache.used() <= limit
+    assert len(ds.reader.cache.entries()) < len(m.shards)  # something was evicted to stay under it
+    assert ds.stats.totals()["cache_misses"] >= len(m.shards)  # an evicted shard may be fetched again
+
+
+def test_cache_is_filled_by_one_process_at_a_time(s3, s3_photo_shards, proxy, tmp_path):
+    """Four processes ask for the same shard at once: one download, four identical whole files."""
+    m = load(s3_photo_shards)
+    cache = str(tmp_path / "shared")
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    name = m.shards[2].name.encode()
+    proxy.stall(10_000, seconds=1.5, times=1, match=name)  # keep the first download in flight while the others arrive
+    procs = [ctx.Process(target=_fill, args=(s3_photo_shards, proxy.endpoint, cache, 2, q)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    assert sorted(d for d, _ in results) == [False, False, False, True]
+    assert {h for _, h in results} == {m.shards[2].sha256}
+    assert sum(n for path, n in proxy.paths.items() if path.endswith(name)) == 1  # one download
+
+
+def test_a_killed_fill_leaves_no_torn_file(s3, s3_photo_shards, proxy, tmp_path):
+    m = load(s3_photo_shards)
+    cache = tmp_path / "c"
+    ctx = mp.get_context("spawn")
+    proxy.stall(10_000, seconds=30, times=1, match=m.shards[0].name.encode())
+    q = ctx.Queue()  # held here until the child has it
+    p = ctx.Process(target=_fill, args=(s3_photo_shards, proxy.endpoint, str(cache), 0, q))
+    p.start()
+    deadline = time.monotonic() + 60
+    while not list(cache.glob("*.partial")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.kill(p.pid, 9)
+    p.join(10)
+    assert list(cache.glob("*.partial")) and not list(cache.glob("*.tar"))
+    proxy.clear()
+    ds = dataset(s3_photo_shards, cache_dir=str(cache))
+    path, downloaded = ds.reader.cache.fill(m.shards[0], lambda w: w(bytes(_remote(ds, m.shards[0]).read(0, m.shards[0].bytes))))
+    assert downloaded and hashlib.sha256(path.read_bytes()).hexdigest() == m.shards[0].sha256
+    assert not list(cache.glob("*.partial"))
+
+
+@pytest.mark.slow
+def test_two_ranks_two_workers_stream_from_s3(s3, s3_photo_shards, tmp_path):
+    from tests.test_distributed import torchrun
+
+    reports = torchrun(2, s3_photo_shards, tmp_path / "w", env=s3.env())
+    m = load(s3_photo_shards)
+    all_keys = {k for s in m.shards for k in s.keys}
+    assert len({r["len"] for r in reports}) == 1
+    for epoch in range(2):
+        assert [r["epochs"][epoch]["steps"] for r in reports] == [reports[0]["len"]] * 2
+        assert {k for r in reports for k in r["epochs"][epoch]["keys"]} == all_keys
+        keys = [k for r in reports for k in r["epochs"][epoch]["keys"]]
+        per_sample = {k: keys.count(k) for k in all_keys}
+        assert max(per_sample.values()) <= 6  # k=3 patches a sample, twice at most (wrap padding)
+    assert torch.tensor([r["stats"]["retries"] for r in reports]).sum() == 0
