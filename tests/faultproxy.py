@@ -30,6 +30,7 @@ class FaultProxy:
         self._rules: list[tuple[str, int, float, bytes]] = []  # (kind, n, seconds, match), first match fires
         self.gets = 0
         self.paths: Counter[bytes] = Counter()  # GET request paths (query dropped)
+        self.ranges: list[bytes] = []  # the Range header of every GET, in order
         self.faults = 0
         self._refusing = False
         self._conns: set[socket.socket] = set()
@@ -159,6 +160,9 @@ class _Conn:
                         return self.close()
                     buf += data
                 body, buf = buf[:length], buf[length:]
+                if method == b"GET":
+                    with self.proxy._lock:
+                        self.proxy.ranges.append(headers.get(b"range", b""))
                 rule = self.proxy._next_rule(lines[0]) if method == b"GET" else None
                 if rule and rule[0] == "503":
                     self.client.sendall(b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"

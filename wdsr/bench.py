@@ -39,6 +39,9 @@ class BenchResult:
     peak_private_mb: float
     seconds: float
     batches: int
+    first_batch_s: float = float("nan")  # loader made -> first batch (workers start, buffers fill, first reads)
+    cache_hit_rate: float = float("nan")  # shard opens served by the local cache (remote datasets with cache_dir)
+    retries: int = 0
 
     @property
     def efficiency(self) -> float:
@@ -47,10 +50,13 @@ class BenchResult:
 
 def bench_stream(url: str, workers: int = 2, batch_size: int = 16, k: int = 16, patch_size: int = 192, scale: int = 4,
                  seconds: float = 20.0, verify: str = "xxh3_64", shuffle_buffer: int = 256,
-                 storage_options: dict[str, Any] | None = None, name: str = "wdsr") -> BenchResult:
+                 storage_options: dict[str, Any] | None = None, name: str = "wdsr", **read: Any) -> BenchResult:
+    """Stream ``url`` for ``seconds`` after a warm-up; ``read`` goes to SRDataset (read_ahead, cache_dir, ...)."""
+    t_start = time.perf_counter()
     ds = SRDataset(url, scale=scale, patch_size=patch_size, patches_per_image=k, batch_size=batch_size,
-                   shuffle_buffer=shuffle_buffer, verify=verify, storage_options=storage_options)
+                   shuffle_buffer=shuffle_buffer, verify=verify, storage_options=storage_options, **read)
     loader = make_loader(ds, num_workers=workers, pin_memory=False)
+    first_batch_s = float("nan")
     # Warm up past the shuffle-buffer fill: until then workers decode without emitting, and
     # their buffered patches would arrive "for free" inside the measured window.
     warm = -(-max(1, workers) * shuffle_buffer // batch_size) + 2 * max(1, workers)
@@ -58,6 +64,8 @@ def bench_stream(url: str, workers: int = 2, batch_size: int = 16, k: int = 16, 
     while True:
         for _ in loader:
             n += 1
+            if n == 1 and epoch == 0:
+                first_batch_s = time.perf_counter() - t_start
             if n == warm:
                 t0, before = time.perf_counter(), ds.stats.totals()
             if t0 is not None and time.perf_counter() - t0 >= seconds:
@@ -76,9 +84,11 @@ def bench_stream(url: str, workers: int = 2, batch_size: int = 16, k: int = 16, 
     patch_ms = after["patch_ns"] / max(after["patches"], 1) / 1e6
     cores = min(max(1, workers), os.cpu_count() or 1)
     ceiling = cores * 1000.0 / (decode_ms / k + patch_ms)
+    opens = after["cache_hits"] + after["cache_misses"]
     res = BenchResult(name, batches * batch_size / dt, d["bytes_read"] / 1e6 / dt,
                       d["decode_ns"] / 1e9 / (dt * max(1, workers)), decode_ms, verify_ms, patch_ms, ceiling,
-                      after["peak_rss_kb_per_worker"] / 1024, after["peak_private_kb_per_worker"] / 1024, dt, batches)
+                      after["peak_rss_kb_per_worker"] / 1024, after["peak_private_kb_per_worker"] / 1024, dt, batches,
+                      first_batch_s, after["cache_hits"] / opens if opens else float("nan"), after["retries"])
     del loader
     return res
 
@@ -148,13 +158,14 @@ def bench_naive(url: str, workers: int = 2, batch_size: int = 16, patch_size: in
 
 def table(results: list[BenchResult], k: int) -> str:
     head = ("| loader | patches/s | MB/s read | decode share | decode ms/sample | verify ms/sample | ms/patch "
-            "| ceiling | of ceiling | peak RSS/worker | private/worker |")
+            "| ceiling | of ceiling | peak RSS/worker | private/worker | first batch | cache hits | retries |")
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for r in results:
         def f(v: float, fmt: str) -> str:
             return "-" if v != v else format(v, fmt)
         lines.append(f"| {r.name} | {r.patches_per_s:.1f} | {f(r.mb_per_s, '.1f')} | {f(r.decode_share * 100, '.0f')}% | "
                      f"{f(r.decode_ms, '.1f')} | {f(r.verify_ms, '.1f')} | {f(r.patch_ms, '.2f')} | {f(r.ceiling, '.1f')} | {f(r.efficiency * 100, '.0f')}% | "
-                     f"{f(r.peak_rss_mb, '.0f')} MB | {f(r.peak_private_mb, '.0f')} MB |")
+                     f"{f(r.peak_rss_mb, '.0f')} MB | {f(r.peak_private_mb, '.0f')} MB | {f(r.first_batch_s, '.2f')} s | "
+                     f"{f(r.cache_hit_rate * 100, '.0f')}% | {r.retries} |")
     return "\n".join(lines)
 

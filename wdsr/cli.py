@@ -25,6 +25,13 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--verify", choices=["none", "xxh3_64", "sha256"], default="xxh3_64",
                    help="check image members against their digests in {key}.json before decoding (default xxh3_64)")
     b.add_argument("--compare-naive", action="store_true", help="also run the decode-per-patch baseline; print the ratio")
+    b.add_argument("--compare", metavar="URL2", help="also stream URL2 (e.g. the same shards in S3) right after URL, "
+                   "same settings; print URL2 / URL")
+    b.add_argument("--read-ahead", type=int, default=1, help="remote: samples fetched while one decodes (default 1; 0 = off)")
+    b.add_argument("--fetch", choices=["ranges", "fsspec"], default="ranges",
+                   help="remote: our resilient range reads (default) or an fsspec file with its read-ahead block cache")
+    b.add_argument("--cache-dir", help="remote: keep whole shards in this local folder (LRU); the table shows the hit rate")
+    b.add_argument("--cache-limit", type=float, help="remote: cache size limit in GB (default: no limit)")
     b.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     v = sub.add_parser("preview", help="write a contact sheet of LR (nearest-upscaled) | HR patch pairs",
                        description="Draw patches as the training loop sees them (augmented), LR left of its HR.")
@@ -42,16 +49,23 @@ def _bench(args: argparse.Namespace) -> int:
 
     kw = dict(workers=args.workers, batch_size=args.batch_size, patch_size=args.patch_size, scale=args.scale,
               seconds=args.seconds)
-    results = [bench_stream(args.url, k=args.patches_per_image, verify=args.verify,
-                            shuffle_buffer=args.shuffle_buffer, name=f"wdsr k={args.patches_per_image}", **kw)]
+    read = dict(read_ahead=args.read_ahead, fetch=args.fetch, cache_dir=args.cache_dir,
+                cache_limit=int(args.cache_limit * 1e9) if args.cache_limit else None)
+    stream = dict(k=args.patches_per_image, verify=args.verify, shuffle_buffer=args.shuffle_buffer, **read, **kw)
+    results = [bench_stream(args.url, name=f"wdsr k={args.patches_per_image}: {args.url}", **stream)]
+    if args.compare:
+        results.append(bench_stream(args.compare, name=f"wdsr k={args.patches_per_image}: {args.compare}", **stream))
     if args.compare_naive:
         results.append(bench_naive(args.url, decoder="pillow", **kw))
         results.append(bench_naive(args.url, decoder="same", **kw))
     print(f"{args.url}: x{args.scale}, HR patch {args.patch_size}, batch {args.batch_size}, {args.workers} workers")
     print(table(results, args.patches_per_image))
+    if args.compare:
+        print(f"{args.compare} / {args.url}: {results[1].patches_per_s / results[0].patches_per_s * 100:.1f}% of the patches/s")
     if args.compare_naive:
-        print(f"wdsr / naive: {results[0].patches_per_s / results[1].patches_per_s:.1f}x (naive with Pillow), "
-              f"{results[0].patches_per_s / results[2].patches_per_s:.1f}x (naive with wdsr's decoders)")
+        ours, pil, same = results[0], results[-2], results[-1]
+        print(f"wdsr / naive: {ours.patches_per_s / pil.patches_per_s:.1f}x (naive with Pillow), "
+              f"{ours.patches_per_s / same.patches_per_s:.1f}x (naive with wdsr's decoders)")
     if args.json:
         import dataclasses
 

