@@ -55,17 +55,21 @@ def main() -> int:
             url = f"s3://bench/{codec}"
             cache = work / f"cache-{codec}"
             bench_stream(local, name="warm-up", **{**kw, "seconds": 3.0})
-            res = [
-                bench_stream(local, name=f"{codec.upper()} local disk", **kw),
-                bench_stream(url, name=f"{codec.upper()} S3, read-ahead 1", **kw),
-                bench_stream(url, name=f"{codec.upper()} S3, no read-ahead", read_ahead=0, **kw),
-                bench_stream(url, name=f"{codec.upper()} S3, fsspec block cache", fetch="fsspec", **kw),
-                bench_stream(url, name=f"{codec.upper()} S3 + cache, cold", cache_dir=str(cache), **kw),
-                bench_stream(url, name=f"{codec.upper()} S3 + cache, warm", cache_dir=str(cache), **kw),
-            ]
+            runs = [(local, f"{codec.upper()} local disk", {}),
+                    (url, f"{codec.upper()} S3, read-ahead 1", {}),
+                    (url, f"{codec.upper()} S3, no read-ahead", {"read_ahead": 0}),
+                    (url, f"{codec.upper()} S3, fsspec block cache", {"fetch": "fsspec"}),
+                    (url, f"{codec.upper()} S3 + cache, cold", {"cache_dir": str(cache)}),
+                    (url, f"{codec.upper()} S3 + cache, warm", {"cache_dir": str(cache)})]
+            res, server_share = [], []
+            for u, name, extra in runs:
+                cpu0, t0 = server.cpu_seconds(), time.perf_counter()
+                res.append(bench_stream(u, name=name, **extra, **kw))
+                server_share.append((server.cpu_seconds() - cpu0) / (time.perf_counter() - t0) / (os.cpu_count() or 1))
             base = res[0].patches_per_s
             lines += [f"{codec.upper()}: uploaded in {up:.1f} s", "", table(res, 16), ""]
-            lines += [f"- {r.name}: **{r.patches_per_s / base * 100:.1f}%** of local disk" for r in res[1:]]
+            lines += [f"- {r.name}: **{r.patches_per_s / base * 100:.1f}%** of local disk; the S3 server process used "
+                      f"{share * 100:.0f}% of the machine's {os.cpu_count()} cores meanwhile" for r, share in zip(res[1:], server_share[1:])]
             lines.append("")
             all_res += res
             shutil.rmtree(cache, ignore_errors=True)

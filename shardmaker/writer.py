@@ -73,8 +73,14 @@ class ShardWriter:
             raise BuildError(f"publishing {self.path} failed: {exc}") from None
 
     def abort(self) -> None:
+        """Drop the unfinished shard. On an object store the upload is aborted, never completed:
+        closing it would publish a torn shard under its final name."""
         try:
-            self._f.close()
+            if storage.is_object_store(self.fs) and hasattr(self._f, "discard"):
+                self._f.discard()  # s3fs: abort the multipart upload
+                self._f.closed = True  # and never complete it on close / garbage collection
+            else:
+                self._f.close()
         except Exception:  # noqa: BLE001 - already failing; the temp file goes next
             pass
         storage.discard(self.fs, self.temp)

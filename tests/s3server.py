@@ -114,6 +114,17 @@ class S3Server:
         if not fs.exists(name):
             fs.mkdir(name)
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the server process has used so far (0 where unknown)."""
+        if self._proc is None:
+            return 0.0
+        try:
+            with open(f"/proc/{self._proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return 0.0
+
     def kill(self) -> None:
         """Stop at once, as a crashed server would."""
         if self._proc is not None and self._proc.poll() is None:

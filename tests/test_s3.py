@@ -277,3 +277,26 @@ def test_two_ranks_two_workers_stream_from_s3(s3, s3_photo_shards, tmp_path):
         per_sample = {k: keys.count(k) for k in all_keys}
         assert max(per_sample.values()) <= 6  # k=3 patches a sample, twice at most (wrap padding)
     assert torch.tensor([r["stats"]["retries"] for r in reports]).sum() == 0
+
+
+def test_a_failed_build_leaves_no_torn_shard_and_no_open_upload(s3, tmp_path):
+    """A corrupt source mid-shard: the multipart upload is aborted, never completed."""
+    from shardmaker.build import BuildOptions, build
+    from shardmaker.codecs import Codec
+    from shardmaker.sample import SampleConfig
+
+    for i in range(6):
+        pic = photos()[i % 4]
+        save(tmp_path / "src" / f"big{i}.png", np.ascontiguousarray(np.tile(pic, (2, 2, 1))[:1000, :1000]))
+    good = (tmp_path / "src" / "big0.png").read_bytes()
+    (tmp_path / "src" / "bad.png").write_bytes(good[: len(good) // 3])  # a valid header, truncated data
+    url = f"s3://{S3_BUCKET}/torn"
+    opts = {"default_block_size": 5 * 2**20}
+    with pytest.raises(Exception, match="bad.png"):
+        build(BuildOptions(hr_src=str(tmp_path / "src"), out=url, progress=False,
+                           sample=SampleConfig(scales=(2,), codec=Codec.QOI, storage_options=opts)))
+    fs = s3fs_for(s3.endpoint)
+    left = [p for p in fs.find(f"{S3_BUCKET}/torn") if p.endswith(".tar") or p.endswith("manifest.json")]
+    assert left == []
+    uploads = fs.call_s3("list_multipart_uploads", Bucket=S3_BUCKET, Prefix="torn/").get("Uploads", [])
+    assert uploads == []
