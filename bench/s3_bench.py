@@ -55,7 +55,11 @@ def main() -> int:
             url = f"s3://bench/{codec}"
             cache = work / f"cache-{codec}"
             bench_stream(local, name="warm-up", **{**kw, "seconds": 3.0})
-            runs = [(local, f"{codec.upper()} local disk", {}),
+            one = {"workers": 1}  # 1 worker: the server gets the other core, as if it ran elsewhere
+            runs = [(local, f"{codec.upper()} local disk, 1 worker", one),
+                    (url, f"{codec.upper()} S3, 1 worker, read-ahead 1", one),
+                    (url, f"{codec.upper()} S3, 1 worker, no read-ahead", {**one, "read_ahead": 0}),
+                    (local, f"{codec.upper()} local disk", {}),
                     (url, f"{codec.upper()} S3, read-ahead 1", {}),
                     (url, f"{codec.upper()} S3, no read-ahead", {"read_ahead": 0}),
                     (url, f"{codec.upper()} S3, fsspec block cache", {"fetch": "fsspec"}),
@@ -64,12 +68,15 @@ def main() -> int:
             res, server_share = [], []
             for u, name, extra in runs:
                 cpu0, t0 = server.cpu_seconds(), time.perf_counter()
-                res.append(bench_stream(u, name=name, **extra, **kw))
+                res.append(bench_stream(u, name=name, **{**kw, **extra}))
                 server_share.append((server.cpu_seconds() - cpu0) / (time.perf_counter() - t0) / (os.cpu_count() or 1))
-            base = res[0].patches_per_s
             lines += [f"{codec.upper()}: uploaded in {up:.1f} s", "", table(res, 16), ""]
-            lines += [f"- {r.name}: **{r.patches_per_s / base * 100:.1f}%** of local disk; the S3 server process used "
-                      f"{share * 100:.0f}% of the machine's {os.cpu_count()} cores meanwhile" for r, share in zip(res[1:], server_share[1:])]
+            for i, (r, share) in enumerate(zip(res, server_share)):
+                if i in (0, 3):
+                    base = r.patches_per_s
+                    continue
+                lines.append(f"- {r.name}: **{r.patches_per_s / base * 100:.1f}%** of local disk; the S3 server process "
+                             f"used {share * 100:.0f}% of the machine's {os.cpu_count()} cores meanwhile")
             lines.append("")
             all_res += res
             shutil.rmtree(cache, ignore_errors=True)

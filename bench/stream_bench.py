@@ -39,6 +39,10 @@ def shards(work: Path, frames: int) -> dict[str, str]:
     out = {}
     for codec in (Codec.PNG, Codec.QOI):
         url = str(work / f"stream-{codec.value}")
+        done = work / f"stream-{codec.value}" / "manifest.json"
+        if done.exists() and json.loads(done.read_text()).get("samples") == frames:
+            out[codec.value] = url  # builds are deterministic: the same sources give the same shards
+            continue
         build(BuildOptions(hr_src=str(src), out=url, sample=SampleConfig(scales=(4,), codec=codec), workers=2,
                            progress=False, shard_size=200 * 10**6, overwrite=True))
         out[codec.value] = url
@@ -62,11 +66,14 @@ def main() -> int:
         bench_stream(urls["png"], workers=1, k=16, name="wdsr PNG k=16, 1 worker", **kw),
         bench_stream(urls["png"], workers=2, k=16, name="wdsr PNG k=16, 2 workers", **kw),
         bench_stream(urls["png"], workers=2, k=16, verify="none", name="wdsr PNG k=16, 2 workers, verify=none", **kw),
+        # unmeasured: the first pass over another 2.4 GB dataset runs ~4 points slow (page cache state)
+        bench_stream(urls["qoi"], workers=2, k=16, name="warm-up", **{**kw, "seconds": 5.0}),
         bench_stream(urls["qoi"], workers=2, k=16, name="wdsr QOI k=16, 2 workers", **kw),
         bench_stream(urls["qoi"], workers=2, k=16, verify="none", name="wdsr QOI k=16, 2 workers, verify=none", **kw),
         bench_naive(urls["png"], workers=2, decoder="pillow", **kw),
         bench_naive(urls["png"], workers=2, decoder="same", **kw),
     ]
+    res = [r for r in res if r.name != "warm-up"]
     by = {r.name: r for r in res}
     png1, png2 = by["wdsr PNG k=16, 1 worker"], by["wdsr PNG k=16, 2 workers"]
     qoi2, naive = by["wdsr QOI k=16, 2 workers"], by["naive decode-per-patch (Pillow)"]

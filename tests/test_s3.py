@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import multiprocessing as mp
 import os
@@ -16,7 +17,7 @@ from shardmaker.cli import main as shardmaker_main
 from shardmaker.manifest import load
 import numpy as np
 
-from tests.conftest import S3_BUCKET, photos, save
+from tests.conftest import S3_BUCKET, build_shards, photos, save
 from tests.faultproxy import FaultProxy
 from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
 
@@ -300,3 +301,26 @@ def test_a_failed_build_leaves_no_torn_shard_and_no_open_upload(s3, tmp_path):
     assert left == []
     uploads = fs.call_s3("list_multipart_uploads", Bucket=S3_BUCKET, Prefix="torn/").get("Uploads", [])
     assert uploads == []
+
+
+def test_bench_compares_s3_with_local_and_shows_the_cache_hit_rate(s3_photo_shards, photo_shards, tmp_path, capsys):
+    from wdsr.cli import main as wdsr_main
+
+    out = tmp_path / "b.json"
+    rc = wdsr_main(["bench", str(photo_shards), "--compare", s3_photo_shards, "--cache-dir", str(tmp_path / "c"),
+                    "--workers", "1", "--patch-size", "32", "--scale", "2", "-k", "4", "--batch-size", "4",
+                    "--seconds", "1", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and f"{s3_photo_shards} / {photo_shards}:" in text and "cache hits" in text
+    local, remote = json.loads(out.read_text())
+    assert local["patches_per_s"] > 0 and remote["patches_per_s"] > 0
+    assert remote["cache_hit_rate"] > 0 and remote["first_batch_s"] > 0
+    assert local["cache_hit_rate"] != local["cache_hit_rate"]  # NaN: no cache on local disk
+
+
+def test_other_fsspec_filesystems_use_chunked_range_reads(photo_src, photo_shards):
+    """Not S3 (here fsspec's memory filesystem, as GCS/Azure would be): chunked cat_file ranges."""
+    url = "memory://wdsr-generic/photos"
+    build_shards(photo_src, url, "--scale", "2,4", "--max-samples", "3")
+    for kw in ({}, {"read_ahead": 0}):
+        assert batches(dataset(url, **kw), workers=0) == batches(dataset(str(photo_shards)), workers=0)

@@ -30,6 +30,7 @@ log = logging.getLogger("wdsr")
 
 _CHUNK = 8 << 20  # generic filesystems: bytes per range request
 _PIECE = 1 << 20  # S3: bytes per body read
+_JITTER = random.Random()  # backoff jitter only: spreads retries of many workers; never touches data
 _PROGRESS = 4 << 20  # a failed try that still brought this much does not count against the budget
 
 
@@ -50,7 +51,7 @@ class Retry:
 
     def wait(self, failures: int) -> float:
         base = min(self.max_backoff_s, self.backoff_s * 2 ** (failures - 1))
-        return base * (0.5 + random.random() / 2)
+        return base * (0.5 + _JITTER.random() / 2)
 
 
 class ReadFailed(OSError):
