@@ -33,6 +33,10 @@ def is_object_store(fs: fsspec.AbstractFileSystem) -> bool:
     return any(p in _OBJECT_STORES for p in _protocols(fs))
 
 
+def is_s3(fs: fsspec.AbstractFileSystem) -> bool:
+    return any(p in ("s3", "s3a") for p in _protocols(fs))
+
+
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return any(p in ("file", "local") for p in _protocols(fs))
 

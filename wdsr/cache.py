@@ -37,6 +37,10 @@ def _locked(path: Path) -> Iterator[None]:
 class CacheMismatch(ValueError):
     """The downloaded shard is not the one the manifest describes."""
 
+    def __init__(self, shard: str, reason: str) -> None:
+        super().__init__(f"{shard}: {reason}")
+        self.reason = reason
+
 
 class ShardCache:
     def __init__(self, root: str | os.PathLike, limit: int | None = None) -> None:
@@ -92,7 +96,7 @@ class ShardCache:
                     download(write)
                     size = f.tell()
                 if size != info.bytes or digest.hexdigest() != info.sha256:
-                    raise CacheMismatch(f"{info.name}: the object has {size} bytes / sha256 {digest.hexdigest()[:16]}..., "
+                    raise CacheMismatch(info.name, f"the object has {size} bytes / sha256 {digest.hexdigest()[:16]}..., "
                                         f"the manifest says {info.bytes} / {info.sha256[:16]}... (replaced or corrupt)")
                 os.replace(temp, final)
             except BaseException:

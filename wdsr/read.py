@@ -107,11 +107,11 @@ class ShardReader:
             self._pool = None  # threads do not survive a fork
             self.counts = Counter()  # counted by the parent, reported by the parent
             self._lock = threading.Lock()
-            fs, root = storage.open_dir(self.url, self.storage_options)
-            if _is_s3_url(fs):  # again, with one try per layer below our retries
-                fs, root = storage.open_dir(self.url, remote.s3_defaults(self.storage_options, self.options.retry))
-                remote.one_try(fs, self.storage_options)
-            self._fs, self._root = fs, root
+            s3 = fsspec.utils.get_protocol(self.url) in ("s3", "s3a")  # one try per layer below our retries
+            opts = remote.s3_defaults(self.storage_options, self.options.retry) if s3 else self.storage_options
+            self._fs, self._root = storage.open_dir(self.url, opts)
+            if s3:
+                remote.one_try(self._fs, self.storage_options)
 
     @property
     def is_remote(self) -> bool:
@@ -182,7 +182,7 @@ class ShardReader:
         except remote.ReadFailed as exc:
             raise SampleError(rf.url, None, exc.reason) from None
         except CacheMismatch as exc:
-            raise SampleError(info.name, None, str(exc).split(": ", 1)[1]) from None
+            raise SampleError(info.name, None, exc.reason) from None
         self._count("cache_misses" if downloaded else "cache_hits")
         return local
 
@@ -236,11 +236,6 @@ class ShardReader:
         finally:
             for fut in pending:
                 fut.cancel()
-
-
-def _is_s3_url(fs: Any) -> bool:
-    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
-    return any(p in ("s3", "s3a") for p in protocols)
 
 
 def _bounds(info: ShardInfo, i: int) -> tuple[int, int]:

@@ -26,6 +26,8 @@ from typing import Any
 
 import fsspec
 
+from shardmaker import storage
+
 log = logging.getLogger("wdsr")
 
 _CHUNK = 8 << 20  # generic filesystems: bytes per range request
@@ -109,11 +111,6 @@ def one_try(fs: fsspec.AbstractFileSystem, storage_options: dict[str, Any] | Non
         fs.retries = 1
 
 
-def _is_s3(fs: fsspec.AbstractFileSystem) -> bool:
-    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
-    return any(p in ("s3", "s3a") for p in protocols) and hasattr(fs, "_call_s3")
-
-
 class RemoteFile:
     """One object (a shard) read by byte ranges; ``on_retry`` is told of every failed try."""
 
@@ -121,6 +118,7 @@ class RemoteFile:
                  on_retry: Callable[[BaseException], None] | None = None) -> None:
         self.fs, self.path, self.url, self.retry = fs, path, url, retry
         self.on_retry = on_retry
+        self._s3 = storage.is_s3(fs) and hasattr(fs, "_call_s3")  # s3fs: stream and resume at the byte
 
     def _attempt(self, what: str, fn: Callable[[], Any]) -> Any:
         failures = 0
@@ -160,7 +158,7 @@ class RemoteFile:
         while got[0] < len(buf):
             before = got[0]
             try:
-                if _is_s3(self.fs):
+                if self._s3:
                     self._s3_into(buf, start, got)
                 else:
                     self._chunks_into(buf, start, got)
