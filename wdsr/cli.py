@@ -1,4 +1,4 @@
-"""``wdsr`` command line: ``bench`` and ``preview``. Parsing only; the work is in bench.py/preview.py."""
+"""``wdsr`` command line: ``bench``, ``preview``, ``train``. Parsing only; the work is in bench.py/preview.py/train.py."""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +6,9 @@ import json
 import logging
 import signal
 import sys
+from typing import Any
+
+from wdsr.trainconfig import DEFAULT_STEPS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,7 +44,67 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--patch-size", type=int, default=128)
     v.add_argument("-n", "--count", type=int, default=8, help="patch pairs to draw (default 8)")
     v.add_argument("--seed", type=int, default=0)
+    _train_parser(sub)
     return p
+
+
+def _train_parser(sub: Any) -> None:
+    S = argparse.SUPPRESS  # only flags given on the command line override --config
+    t = sub.add_parser(
+        "train", help="train EDSR-baseline or ESPCN on a dataset (one process, or DDP under torchrun)",
+        argument_default=S, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="The reference training loop: L1 loss, Adam, cosine or step LR, AMP on CUDA, DDP under torchrun\n"
+        "(gloo on CPU, nccl on CUDA; rank and world from torchrun's environment).\n\n"
+        "Rank 0 prints a line and appends a JSON line to OUT/metrics.jsonl every --log-every steps:\n"
+        "step, epoch, loss, lr, patches_per_s (all ranks) and data_wait (share of step time spent\n"
+        "waiting for the next batch: near 0 means the loader keeps up). Validation lines carry\n"
+        "psnr_y/ssim_y. Checkpoints go to OUT/checkpoints/, OUT/latest.json names the newest.\n"
+        "SIGTERM (Kubernetes preemption) finishes the step, writes a checkpoint and exits 0;\n"
+        "a second SIGTERM exits at once. --resume continues from OUT/latest.json (or starts\n"
+        "fresh if there is none), at the next epoch boundary: mid-epoch data position is not\n"
+        "restored yet. Config file keys are the flag names; flags override the file.",
+        epilog="example:\n  wdsr train --data demo-out/shards --val-data demo-out/val --out runs/demo \\\n"
+        "             --model espcn --patch-size 96 --steps 200 --workers 2\n"
+        "  torchrun --nproc-per-node 8 -m wdsr train --config train.yaml --resume")
+    t.add_argument("--data", metavar="URL", help="training dataset (folder or s3://... with manifest.json)")
+    t.add_argument("--val-data", metavar="URL", help="validation dataset, every image once (default: no validation)")
+    t.add_argument("--out", metavar="DIR_OR_URL", help="run folder: checkpoints, latest.json, metrics.jsonl, run.json")
+    t.add_argument("--config", metavar="FILE", help="YAML or JSON file of settings (keys = flag names)")
+    t.add_argument("--model", choices=["edsr-baseline", "espcn"], help="edsr-baseline (default; 16 blocks x 64 ch) or espcn")
+    t.add_argument("--scale", type=int, help="upscaling factor; the data must hold this LR (default 4)")
+    t.add_argument("--patch-size", type=int, help="HR patch side, a multiple of --scale (default 192)")
+    t.add_argument("-k", "--patches-per-image", type=int, help="patches cut per decoded pair (default 16)")
+    t.add_argument("--batch-size", type=int, help="patches per batch per rank (default 16)")
+    t.add_argument("--workers", type=int, help="DataLoader workers per rank (default 8)")
+    t.add_argument("--shuffle-buffer", type=int, help="patches in each worker's shuffle buffer (default 1024)")
+    t.add_argument("--steps", type=int, help=f"optimizer steps in all (default {DEFAULT_STEPS} unless --epochs)")
+    t.add_argument("--epochs", type=int, help="passes over the data instead of --steps")
+    t.add_argument("--lr", type=float, help="Adam learning rate (default 2e-4)")
+    t.add_argument("--schedule", choices=["cosine", "step"], help="cosine to 0 over the run (default) or step")
+    t.add_argument("--lr-step", type=int, help="step schedule: multiply by --lr-gamma every N steps (default 200000)")
+    t.add_argument("--lr-gamma", type=float, help="step schedule factor (default 0.5)")
+    t.add_argument("--amp", choices=["auto", "bf16", "fp16", "off"],
+                   help="auto (default): bf16 on CUDA where supported, else fp16 + GradScaler; off on CPU")
+    t.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto (default): cuda:LOCAL_RANK if CUDA is there")
+    t.add_argument("--val-every", type=int, help="validate every N steps (default 1000; 0 = never)")
+    t.add_argument("--val-tile", type=int, help="validate in LR tiles of this side (large images); default whole images")
+    t.add_argument("--log-every", type=int, help="log every N steps (default 50)")
+    t.add_argument("--ckpt-every", type=int, help="checkpoint every N steps (default 1000; always at the end)")
+    t.add_argument("--keep-ckpts", type=int, help="checkpoints kept (default 3; 0 = all)")
+    t.add_argument("--seed", type=int, help="seed of the weights, patch positions and shuffles (default 0)")
+    t.add_argument("--on-error", choices=["fail", "skip"], help="bad samples: stop (default) or skip them, counted")
+    t.add_argument("--cache-dir", help="remote data: keep whole shards in this local folder")
+    t.add_argument("--log-dir", help="where metrics.jsonl and TensorBoard files are written when --out is remote")
+    t.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files (OUT/tb)")
+    t.add_argument("--resume", action="store_true", help="continue the run in --out from latest.json")
+
+
+def _train(args: argparse.Namespace) -> int:
+    from wdsr.train import train
+    from wdsr.trainconfig import make_config
+
+    flags = {k: v for k, v in vars(args).items() if k != "cmd"}
+    return train(make_config(flags))
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -92,7 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="wdsr: %(message)s")
     try:
-        return _bench(args) if args.cmd == "bench" else _preview(args)
+        return {"bench": _bench, "preview": _preview, "train": _train}[args.cmd](args)
+    except KeyboardInterrupt:
+        print(f"wdsr {args.cmd}: interrupted", file=sys.stderr)
+        return 130
     except (ValueError, OSError) as exc:
         print(f"wdsr {args.cmd}: error: {exc}", file=sys.stderr)
         return 2

@@ -42,3 +42,12 @@ def current_worker() -> tuple[int, int]:
 
     info = get_worker_info()
     return (0, 1) if info is None else (info.id, info.num_workers)
+
+
+def local_rank(environ: Mapping[str, str] | None = None) -> int:
+    """This process's index on its node (``LOCAL_RANK`` from torchrun; 0 outside it): picks its GPU."""
+    env = os.environ if environ is None else environ
+    try:
+        return int(env.get("LOCAL_RANK", "0"))
+    except ValueError:
+        raise ValueError(f"LOCAL_RANK={env.get('LOCAL_RANK')!r} is not an integer") from None

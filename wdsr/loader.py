@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,6 +35,9 @@ def tune_malloc() -> bool:
 
 
 def _worker_init(_worker_id: int) -> None:
+    # a trainer's SIGTERM handler (checkpoint, then exit) must not keep a worker alive when the
+    # DataLoader terminates it: workers die on SIGTERM as usual
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     torch.set_num_threads(1)
     tune_malloc()
 
@@ -100,23 +104,28 @@ def make_loader(dataset: SRDataset, num_workers: int = 4, pin_memory: bool | Non
     return SRLoader(dataset, num_workers=num_workers, pin_memory=pin_memory, **extra, **kwargs)
 
 
-def _batch_bytes(ds: SRDataset) -> int:
-    """Bytes of one batch, from the first sample's channels and bit depth."""
+def sample_meta(ds: SRDataset) -> dict[str, Any]:
+    """``{key}.json`` of the first readable sample (channels, bit depth); the largest batch's
+    values (3 channels, 16 bit) if none of the first shards can be read here."""
     import json
 
     from wdsr.plan import Span
 
-    meta = {"channels": 3, "bit_depth": 16}  # the largest batch, if no sample can be read here
     for i in range(min(8, len(ds.manifest.shards))):
         try:
             raw = next(ds.reader.span(Span(i, 0, 1), frozenset({"json"}), fill_cache=False), None)
             if raw is not None and "json" in raw.members:
-                meta = json.loads(raw.members["json"])
-                break
+                return json.loads(raw.members["json"])
         except (SampleError, ValueError):
             continue  # a broken shard: the workers will report it
         finally:
             ds.stats.add(0, **ds.reader.take_counts())  # retries made here count too
+    return {"channels": 3, "bit_depth": 16}
+
+
+def _batch_bytes(ds: SRDataset) -> int:
+    """Bytes of one batch, from the first sample's channels and bit depth."""
+    meta = sample_meta(ds)
     o = ds.opts
     per_pixel = int(meta.get("channels", 3)) * (2 if int(meta.get("bit_depth", 8)) == 16 else 1)
     p = o.patch_size // o.scale

@@ -1,0 +1,349 @@
+"""``wdsr train``: the reference DDP training loop (L1, Adam, AMP), fed by an SRDataset.
+
+One process, or one per GPU/CPU slot under ``torchrun`` (rank and world from its environment).
+Rank 0 logs, validates the gathered results and writes checkpoints; SIGTERM finishes the
+step, checkpoints and exits 0 (every rank stops at the same step).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from wdsr import env
+from wdsr.checkpoint import FORMAT, RunDir, RunError
+from wdsr.dataset import SRDataset
+from wdsr.loader import make_loader, sample_meta, to_float
+from wdsr.models import build_model
+from wdsr.trainconfig import Amp, Device, Schedule, TrainConfig
+from wdsr.validate import validate
+
+log = logging.getLogger("wdsr")
+
+
+class StopFlag:
+    """First SIGTERM: stop after this step (checkpoint, exit 0). A second one: exit at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handler)
+
+    def _handler(self, signum: int, _frame: Any) -> None:
+        if self.requested:
+            os._exit(128 + signum)
+        self.requested = True
+        log.warning("SIGTERM: finishing this step, then writing a checkpoint and exiting (again to exit at once)")
+
+
+@dataclasses.dataclass
+class Ctx:
+    rank: int
+    world: int
+    device: torch.device
+    cpu_group: Any  # a gloo group for the small per-step collectives (no GPU sync for them)
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        if self.world == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, group=self.cpu_group)
+        return t.tolist()
+
+
+def open_data(cfg: TrainConfig) -> tuple[SRDataset, SRDataset | None]:
+    """The train (and val) datasets; every bad-input error surfaces here, before workers start."""
+    train = SRDataset(cfg.data, scale=cfg.scale, patch_size=cfg.patch_size, patches_per_image=cfg.patches_per_image,
+                      batch_size=cfg.batch_size, shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed,
+                      on_error=cfg.on_error, cache_dir=cfg.cache_dir)
+    train.check_batches(cfg.workers)
+    val = None
+    if cfg.val_data and cfg.val_every:
+        val = SRDataset(cfg.val_data, scale=cfg.scale, split="val", tile=cfg.val_tile, on_error=cfg.on_error)
+    return train, val
+
+
+def _setup(cfg: TrainConfig) -> Ctx:
+    cuda = cfg.device is not Device.CPU and torch.cuda.is_available()
+    if cfg.device is Device.CUDA and not cuda:
+        raise ValueError("--device cuda: no CUDA device is available")
+    world = env.current_world()
+    device = torch.device("cuda", env.local_rank()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    group = None
+    if world.size > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=10))
+        group = dist.new_group(backend="gloo") if cuda else dist.group.WORLD
+    return Ctx(world.rank, world.size, device, group)
+
+
+def amp_setting(amp: Amp, device: torch.device) -> tuple[torch.dtype | None, bool]:
+    """(autocast dtype or None, whether a GradScaler is needed)."""
+    if amp is Amp.AUTO:
+        if device.type != "cuda":
+            return None, False
+        amp = Amp.BF16 if torch.cuda.is_bf16_supported() else Amp.FP16
+    if amp is Amp.BF16:
+        return torch.bfloat16, False
+    if amp is Amp.FP16:
+        return torch.float16, True
+    return None, False
+
+
+def lr_factor(cfg: TrainConfig, total: int):
+    if cfg.schedule is Schedule.STEP:
+        return lambda step: cfg.lr_gamma ** (step // cfg.lr_step)
+    return lambda step: 0.5 * (1.0 + math.cos(math.pi * min(step, total) / max(1, total)))
+
+
+def weights_digest(model: nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class MetricsLog:
+    """Rank 0's ``metrics.jsonl`` (a local file; copied into a remote run folder at checkpoints) and TensorBoard."""
+
+    def __init__(self, run: RunDir, cfg: TrainConfig) -> None:
+        self.run = run
+        if run.local:
+            folder = Path(run.root)
+        else:
+            folder = Path(cfg.log_dir or tempfile.mkdtemp(prefix="wdsr-train-"))
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / "metrics.jsonl"
+        self.tb = None
+        if cfg.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ValueError("--tensorboard needs the tensorboard package: pip install 'wdsr[tensorboard]'") from None
+            self.tb = SummaryWriter(str(folder / "tb"))
+        if not run.local:
+            log.info("metrics: %s (copied to %s/metrics.jsonl at each checkpoint)", self.path, run.url)
+
+    def write(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.tb is not None:
+            for k, v in record.items():
+                if k not in ("step", "epoch") and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self.tb.add_scalar(k, v, record["step"])
+            self.tb.flush()
+
+    def sync(self) -> None:
+        if not self.run.local and self.path.exists():
+            self.run.upload("metrics.jsonl", self.path.read_bytes())
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def train(cfg: TrainConfig) -> int:
+    """Run the loop; returns the exit status (0 when finished or stopped by SIGTERM)."""
+    train_ds, val_ds = open_data(cfg)
+    run = RunDir(cfg.out)
+    resume_state = run.load_latest() if cfg.resume else None
+    if resume_state is not None:
+        _check_resume(resume_state, cfg, run)
+    elif not cfg.resume and run.has_checkpoints():
+        raise RunError(f"{cfg.out} already holds checkpoints of a training run; pass --resume to continue it")
+    ctx = _setup(cfg)
+    stop = StopFlag()
+    stop.install()
+    try:
+        return _loop(cfg, ctx, run, train_ds, val_ds, resume_state, stop)
+    finally:
+        if ctx.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _check_resume(state: dict[str, Any], cfg: TrainConfig, run: RunDir) -> None:
+    saved = state.get("config", {})
+    for key in ("model", "scale"):
+        if saved.get(key) != cfg.dict[key]:
+            raise RunError(f"--resume: {run.url} was trained with {key}={saved.get(key)!r}, not {cfg.dict[key]!r}")
+
+
+def _loop(cfg: TrainConfig, ctx: Ctx, run: RunDir, train_ds: SRDataset, val_ds: SRDataset | None,
+          state: dict[str, Any] | None, stop: StopFlag) -> int:
+    meta = sample_meta(train_ds)
+    channels = int(meta.get("channels", 3))
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
+    model = build_model(cfg.model, cfg.scale, channels).to(ctx.device)
+    if ctx.device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    loader = make_loader(train_ds, num_workers=cfg.workers, pin_memory=ctx.device.type == "cuda")
+    per_epoch = len(loader)
+    total = cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(cfg, total))
+    amp_dtype, use_scaler = amp_setting(cfg.amp, ctx.device)
+    scaler = torch.amp.GradScaler(ctx.device.type, enabled=use_scaler)
+    step, epoch = 0, 0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        scaler.load_state_dict(state["scaler"])
+        torch.set_rng_state(state["rng"]["torch"])
+        step, epoch = int(state["step"]), int(state["epoch"])
+        if int(state["epoch_batches"]) > 0:
+            if ctx.rank == 0:
+                log.info("resuming at step %d: mid-epoch data position is not restored yet, so epoch %d starts "
+                         "afresh (the %d remaining batches of epoch %d are not seen)", step, epoch + 1,
+                         per_epoch - int(state["epoch_batches"]), epoch)
+            epoch += 1
+        elif ctx.rank == 0:
+            log.info("resuming at step %d, epoch %d", step, epoch)
+    run_model: nn.Module = model
+    if ctx.world > 1:
+        run_model = nn.parallel.DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    metrics = None
+    if ctx.rank == 0:
+        run.start(cfg.dict, cfg.resume)
+        metrics = MetricsLog(run, cfg)
+        log.info("training %s x%d on %s: %d batches/epoch/rank, %d ranks, %d steps, amp %s, device %s",
+                 cfg.model.value, cfg.scale, cfg.data, per_epoch, ctx.world, total,
+                 {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp_dtype], ctx.device)
+    bar = _progress(ctx, total, step)
+
+    def checkpoint(batches: int) -> None:
+        """Rank 0 writes; the epoch recorded is the one to continue (a finished epoch counts as the next)."""
+        if ctx.rank == 0:
+            ep, done = (epoch + 1, 0) if batches >= per_epoch else (epoch, batches)
+            state = {"format": FORMAT, "step": step, "epoch": ep, "epoch_batches": done,
+                     "world_size": ctx.world, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                     "scheduler": sched.state_dict(), "scaler": scaler.state_dict(),
+                     "rng": {"torch": torch.get_rng_state()}, "config": cfg.dict}
+            where = run.save(state, step, cfg.keep_ckpts)
+            metrics.sync()
+            log.info("checkpoint: %s", where)
+
+    win = {"t": time.perf_counter(), "wait": 0.0, "steps": 0, "loss": torch.zeros((), device=ctx.device)}
+    last_ckpt = step if state is not None else -1
+    stopped = False
+    batches = 0
+    while step < total and not stopped:
+        train_ds.set_epoch(epoch)
+        batches = 0
+        it = iter(loader)
+        while step < total:
+            t0 = time.perf_counter()
+            item = next(it, None)
+            if item is None:
+                break
+            win["wait"] += time.perf_counter() - t0
+            lr_b, hr_b = item[0], item[1]
+            x = to_float(lr_b.to(ctx.device, non_blocking=True))
+            y = to_float(hr_b.to(ctx.device, non_blocking=True))
+            if ctx.device.type == "cuda":
+                x = x.contiguous(memory_format=torch.channels_last)
+            with torch.autocast(ctx.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                out = run_model(x)
+            loss = nn.functional.l1_loss(out.float(), y)
+            opt.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            sched.step()
+            step += 1
+            batches += 1
+            win["steps"] += 1
+            win["loss"] += loss.detach()  # read at log steps only: no device sync per step
+            stopped = ctx.all_sum([1.0 if stop.requested else 0.0])[0] > 0
+            if bar is not None:
+                bar.update(1)
+            if step % cfg.log_every == 0 or step == total or stopped:
+                _log_window(cfg, ctx, metrics, bar, win, step, epoch, sched.get_last_lr()[0])
+            if val_ds is not None and step % cfg.val_every == 0:
+                _log_val(cfg, ctx, metrics, bar, validate(model, val_ds, cfg, ctx), step, epoch)
+                win["t"] = time.perf_counter()
+            if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == total or stopped:
+                checkpoint(batches)
+                last_ckpt = step
+            if stopped:
+                break
+        if hasattr(it, "close"):
+            it.close()
+        if batches >= per_epoch:
+            epoch, batches = epoch + 1, 0
+    if last_ckpt != step:
+        checkpoint(batches)
+    digests = [weights_digest(model)]
+    if ctx.world > 1:
+        gathered: list[Any] = [None] * ctx.world
+        dist.all_gather_object(gathered, digests[0], group=ctx.cpu_group)
+        digests = gathered
+    if ctx.rank == 0:
+        record = {"step": step, "epoch": epoch, "event": "stopped" if stopped else "finished",
+                  "weights_sha256": digests, "weights_in_sync": len(set(digests)) == 1}
+        metrics.write(record)
+        metrics.sync()
+        metrics.close()
+        if bar is not None:
+            bar.close()
+        log.info("%s at step %d (weights identical on all %d ranks: %s)", record["event"], step, ctx.world,
+                 record["weights_in_sync"])
+    return 0
+
+
+def _progress(ctx: Ctx, total: int, step: int):
+    if ctx.rank != 0 or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=step, unit="step", dynamic_ncols=True)
+
+
+def _emit(metrics: MetricsLog | None, bar: Any, record: dict[str, Any], text: str) -> None:
+    if metrics is None:
+        return
+    metrics.write(record)
+    if bar is not None:
+        bar.write("wdsr: " + text)
+    else:
+        log.info("%s", text)
+
+
+def _log_window(cfg: TrainConfig, ctx: Ctx, metrics: MetricsLog | None, bar: Any, win: dict[str, float],
+                step: int, epoch: int, lr: float) -> None:
+    now = time.perf_counter()
+    elapsed = max(now - win["t"], 1e-9)
+    loss_sum, steps_sum, wait_sum, time_sum = ctx.all_sum([float(win["loss"]), win["steps"], win["wait"], elapsed])
+    patches = cfg.batch_size * steps_sum / max(time_sum / ctx.world, 1e-9)
+    record = {"step": step, "epoch": epoch, "loss": loss_sum / max(steps_sum, 1), "lr": lr,
+              "patches_per_s": patches, "data_wait": wait_sum / max(time_sum, 1e-9)}
+    _emit(metrics, bar, record, f"step {step} epoch {epoch} loss {record['loss']:.5f} lr {lr:.3g} "
+          f"patches/s {patches:.1f} data_wait {record['data_wait']:.1%}")
+    win.update(t=now, wait=0.0, steps=0, loss=torch.zeros_like(win["loss"]))
+
+
+def _log_val(cfg: TrainConfig, ctx: Ctx, metrics: MetricsLog | None, bar: Any, sums: list[float],
+             step: int, epoch: int) -> None:
+    psnr, ssim, n = ctx.all_sum(sums)
+    if n == 0:
+        return
+    record = {"step": step, "epoch": epoch, "psnr_y": psnr / n, "ssim_y": ssim / n, "val_images": int(n)}
+    _emit(metrics, bar, record, f"val step {step}: PSNR-Y {record['psnr_y']:.3f} dB, SSIM-Y {record['ssim_y']:.4f} "
+          f"({int(n)} images)")

@@ -1,0 +1,189 @@
+"""``wdsr train`` settings: one frozen dataclass, filled from a YAML/JSON file and then the flags.
+
+Config file keys are the flag names (``patch-size`` or ``patch_size``; ``k`` for
+``patches_per_image``); flags given on the command line override the file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from pathlib import Path
+from typing import Any
+
+from wdsr.models import ModelName
+
+
+class Amp(str, enum.Enum):
+    AUTO = "auto"  # bf16 autocast on CUDA where supported, else fp16 + GradScaler; off on CPU
+    BF16 = "bf16"
+    FP16 = "fp16"
+    OFF = "off"
+
+
+class Schedule(str, enum.Enum):
+    COSINE = "cosine"  # lr * (1 + cos(pi * step / steps)) / 2
+    STEP = "step"  # lr * gamma ** (step // lr_step)
+
+
+class Device(str, enum.Enum):
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+DEFAULT_STEPS = 100_000
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    data: str
+    out: str
+    val_data: str | None = None
+    model: ModelName = ModelName.EDSR_BASELINE
+    scale: int = 4
+    patch_size: int = 192
+    patches_per_image: int = 16
+    batch_size: int = 16
+    workers: int = 8
+    shuffle_buffer: int = 1024
+    steps: int | None = None
+    epochs: int | None = None
+    lr: float = 2e-4
+    schedule: Schedule = Schedule.COSINE
+    lr_step: int = 200_000
+    lr_gamma: float = 0.5
+    amp: Amp = Amp.AUTO
+    val_every: int = 1000
+    val_tile: int | None = None
+    log_every: int = 50
+    ckpt_every: int = 1000
+    keep_ckpts: int = 3
+    seed: int = 0
+    resume: bool = False
+    tensorboard: bool = False
+    log_dir: str | None = None
+    on_error: str = "fail"
+    cache_dir: str | None = None
+    device: Device = Device.AUTO
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, _coerce(f.name, f.type, getattr(self, f.name)))
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError("give --steps or --epochs, not both")
+        if self.steps is None and self.epochs is None:
+            object.__setattr__(self, "steps", DEFAULT_STEPS)
+        positive = ["scale", "patch_size", "patches_per_image", "batch_size", "log_every", "lr_step"]
+        for name in positive + [n for n in ("steps", "epochs", "val_tile") if getattr(self, n) is not None]:
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("workers", "val_every", "ckpt_every", "keep_ckpts", "shuffle_buffer"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.scale < 2:
+            raise ValueError(f"--scale must be >= 2, got {self.scale}")
+        if self.patch_size % self.scale:
+            raise ValueError(f"--patch-size {self.patch_size} is not a multiple of --scale {self.scale}")
+        if not self.lr > 0:
+            raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if self.on_error not in ("fail", "skip"):
+            raise ValueError(f"--on-error must be fail or skip, got {self.on_error!r}")
+
+    @property
+    def dict(self) -> dict[str, Any]:
+        """JSON-able settings (as stored in run.json and checkpoints)."""
+        return {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in dataclasses.asdict(self).items()}
+
+
+_TYPES: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str}
+
+
+def _coerce(name: str, annotation: Any, value: Any) -> Any:
+    """Check a value against the field's type; accept what a YAML/JSON file or argparse gives."""
+    text = str(annotation)
+    optional = "None" in text
+    if value is None:
+        if optional:
+            return None
+        raise ValueError(f"{name} must be set")
+    base = text.replace(" | None", "").strip()
+    for enum_type in (ModelName, Amp, Schedule, Device):
+        if base == enum_type.__name__:
+            try:
+                return enum_type(value)
+            except ValueError:
+                choices = ", ".join(m.value for m in enum_type)
+                raise ValueError(f"{name}: {value!r} is not one of {choices}") from None
+    kind = _TYPES[base]
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, got {value!r}")
+    return value
+
+
+_ALIASES = {"k": "patches_per_image"}
+
+
+def normalise_keys(d: dict[str, Any], where: str) -> dict[str, Any]:
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    out = {}
+    for key, value in d.items():
+        name = _ALIASES.get(str(key), str(key).replace("-", "_"))
+        if name not in known or name == "resume" and where != "flags":
+            raise ValueError(f"{where}: unknown setting {key!r} (known: {', '.join(sorted(known - {'resume'}))})")
+        out[name] = value
+    return out
+
+
+def load_file(path: str) -> dict[str, Any]:
+    """Settings from a ``.yaml``/``.yml`` or ``.json`` file (a mapping of flag names to values)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ValueError(f"--config {path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        if p.suffix.lower() == ".json":
+            d = json.loads(text)
+        else:
+            import yaml
+
+            d = yaml.safe_load(text)
+    except Exception as exc:  # noqa: BLE001 - any parse error becomes one clear line
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"--config {path}: not valid {'JSON' if p.suffix.lower() == '.json' else 'YAML'} ({first})") from None
+    if d is None:
+        return {}
+    if not isinstance(d, dict):
+        raise ValueError(f"--config {path}: expected a mapping of setting names to values")
+    return normalise_keys(d, f"--config {path}")
+
+
+def make_config(flags: dict[str, Any]) -> TrainConfig:
+    """The file named by ``flags['config']`` (if any), then the flags on top."""
+    flags = dict(flags)
+    path = flags.pop("config", None)
+    merged = load_file(path) if path else {}
+    merged.update(normalise_keys(flags, "flags"))
+    for required in ("data", "out"):
+        if not merged.get(required):
+            raise ValueError(f"--{required} is required (on the command line or in --config)")
+    return TrainConfig(**merged)
