@@ -386,6 +386,25 @@ def _close(writer: ShardWriter, out: _Output, next_sample: int, skipped: list[Sk
     return info
 
 
+class PartsPending(BuildError):
+    """Not every part of a ``--part I/N`` build has written its part manifest yet."""
+
+
+def merge_when_ready(out_url: str, wait_s: float, poll_s: float = 10.0,
+                     storage_options: dict[str, Any] | None = None) -> Manifest:
+    """``merge``, retried every ``poll_s`` while parts are still being built, for up to ``wait_s``
+    seconds (a merge Job started next to the part builds waits for them)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return merge(out_url, storage_options)
+        except PartsPending as exc:
+            if time.monotonic() + poll_s > deadline:
+                raise PartsPending(f"{exc} (waited {wait_s:g} s)") from None
+            log.info("%s; checking again in %g s", exc, poll_s)
+            time.sleep(poll_s)
+
+
 def merge(out_url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
     """Join the part manifests of a ``--part I/N`` build into ``manifest.json``."""
     fs, root = storage.open_dir(out_url, storage_options)
@@ -400,14 +419,14 @@ def merge(out_url: str, storage_options: dict[str, Any] | None = None) -> Manife
         if m:
             parts[(int(m.group(1)), int(m.group(2)))] = n
     if not parts:
-        raise BuildError(f"{out_url}: no part manifests (manifest.part-IIII-of-NNNN.json) to merge")
+        raise PartsPending(f"{out_url}: no part manifests (manifest.part-IIII-of-NNNN.json) to merge")
     counts = {n for _, n in parts}
     if len(counts) != 1:
         raise BuildError(f"{out_url}: part manifests from builds with different part counts {sorted(counts)}")
     total = counts.pop()
     missing = [i for i in range(total) if (i, total) not in parts]
     if missing:
-        raise BuildError(f"{out_url}: parts {missing} of {total} are not finished yet")
+        raise PartsPending(f"{out_url}: parts {missing} of {total} are not finished yet")
     manifests = []
     for i in range(total):
         path = storage.join(root, parts[(i, total)])

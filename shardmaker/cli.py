@@ -9,7 +9,7 @@ import signal
 import sys
 
 from shardmaker import __version__
-from shardmaker.build import BuildOptions, build, merge
+from shardmaker.build import BuildOptions, build, merge_when_ready
 from shardmaker.codecs import Codec
 from shardmaker.errors import ShardmakerError
 from shardmaker.resize import ResizeMethod
@@ -93,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("merge", help="write manifest.json from the part manifests of a --part build",
                        description="Join the part manifests of a `build --part I/N` run into OUT/manifest.json.")
     g.add_argument("out", metavar="OUT")
+    g.add_argument("--wait", type=float, default=0, metavar="SECONDS",
+                   help="while parts are still being built, check again every 10 s for up to SECONDS "
+                   "(a merge Job started next to the part builds; default 0: fail at once)")
     v = sub.add_parser("verify", help="check shards against the manifest (exit 1 on any mismatch)",
                        description="Check each shard's size, sha256, sample keys and offsets against the manifest; "
                        "--deep also decodes every pair, checks HR = s x LR and the per-member sha256 in {key}.json.")
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "build":
             return _build(args)
         if args.cmd == "merge":
-            m = merge(args.out)
+            m = merge_when_ready(args.out, args.wait)
             print(f"merged {len(m.shards)} shards, {m.samples} samples into {args.out.rstrip('/')}/manifest.json")
             return 0
         if args.cmd == "verify":

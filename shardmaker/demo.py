@@ -30,10 +30,30 @@ def bundled_photos(dest: Path) -> Path:
     return dest
 
 
+def upload_photos(url: str) -> int:
+    """Copy the bundled photos to a folder URL (e.g. ``s3://bucket/raw/photos``); returns how many."""
+    import tempfile
+
+    from shardmaker import storage
+
+    fs, root = storage.open_dir(url)
+    fs.makedirs(root, exist_ok=True)  # on S3 this makes the bucket if it is not there
+    with tempfile.TemporaryDirectory() as tmp:
+        files = sorted(bundled_photos(Path(tmp)).iterdir())
+        for f in files:
+            storage.write_atomic(fs, storage.join(root, f.name), f.read_bytes())
+    return len(files)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", default="demo-out", help="work folder (default: demo-out)")
+    p.add_argument("--photos-to", metavar="URL", help="only copy the bundled photos to this folder URL and stop "
+                   "(seeds the k8s local-dev bucket)")
     args = p.parse_args(argv)
+    if args.photos_to:
+        print(f"copied {upload_photos(args.photos_to)} photos to {args.photos_to}")
+        return 0
     work = Path(args.out)
     src = bundled_photos(work / "photos")
     shards = str(work / "shards")

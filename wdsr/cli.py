@@ -11,8 +11,15 @@ from typing import Any
 from wdsr.trainconfig import DEFAULT_STEPS
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (exit 2), pointing at --help instead of printing the whole usage."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="wdsr", description="Stream aligned SR patch batches from wdsr-shards/1 datasets.")
+    p = _Parser(prog="wdsr", description="Stream aligned SR patch batches from wdsr-shards/1 datasets.")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     b = sub.add_parser("bench", help="measure patches/s, MB/s read, decode share and memory per worker",
                        description="Stream a dataset for --seconds and print a table (after a short warm-up). "
@@ -97,6 +104,8 @@ def _train_parser(sub: Any) -> None:
     t.add_argument("--log-dir", help="where metrics.jsonl and TensorBoard files are written when --out is remote")
     t.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files (OUT/tb)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out from latest.json")
+    t.add_argument("--check", action="store_true", help="check settings, data (manifest, scale) and --out, then exit: "
+                   "0 if training could start, 2 with the reason (a pre-flight step before torchrun)")
 
 
 def _train(args: argparse.Namespace) -> int:

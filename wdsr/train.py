@@ -168,6 +168,11 @@ def train(cfg: TrainConfig) -> int:
         _check_resume(resume_state, cfg, run)
     elif not cfg.resume and run.has_checkpoints():
         raise RunError(f"{cfg.out} already holds checkpoints of a training run; pass --resume to continue it")
+    if cfg.check:
+        at = f"resume at step {resume_state['step']}" if resume_state is not None else "start at step 0"
+        print(f"wdsr train --check: OK: {train_ds.manifest.samples} samples x{cfg.scale} in {cfg.data}; "
+              f"{cfg.out} would {at}")
+        return 0
     ctx = _setup(cfg)
     stop = StopFlag()
     stop.install()

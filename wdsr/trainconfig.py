@@ -61,6 +61,7 @@ class TrainConfig:
     keep_ckpts: int = 3
     seed: int = 0
     resume: bool = False
+    check: bool = False  # validate settings, data and --out, then stop (a pre-flight init container)
     tensorboard: bool = False
     log_dir: str | None = None
     on_error: str = "fail"
@@ -140,6 +141,7 @@ def _coerce(name: str, annotation: Any, value: Any) -> Any:
 
 
 _ALIASES = {"k": "patches_per_image"}
+_FLAGS_ONLY = {"resume", "check"}  # what to do with the run, not how to train it
 
 
 def normalise_keys(d: dict[str, Any], where: str) -> dict[str, Any]:
@@ -147,8 +149,8 @@ def normalise_keys(d: dict[str, Any], where: str) -> dict[str, Any]:
     out = {}
     for key, value in d.items():
         name = _ALIASES.get(str(key), str(key).replace("-", "_"))
-        if name not in known or name == "resume" and where != "flags":
-            raise ValueError(f"{where}: unknown setting {key!r} (known: {', '.join(sorted(known - {'resume'}))})")
+        if name not in known or name in _FLAGS_ONLY and where != "flags":
+            raise ValueError(f"{where}: unknown setting {key!r} (known: {', '.join(sorted(known - _FLAGS_ONLY))})")
         out[name] = value
     return out
 

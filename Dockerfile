@@ -1,0 +1,26 @@
+# The wdsr image used by k8s/ (image: wdsr). It installs the package the way the README does:
+# torch pinned first, then the package with its extras.
+#   CPU:  docker build -t wdsr:dev .
+#   CUDA: docker build -t wdsr:cuda --build-arg BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 .
+# A CUDA base gets the CUDA build of torch from PyPI; on a CPU base, pass TORCH_INDEX (an extra
+# pip index holding CPU-only torch wheels) to keep the image small.
+ARG BASE=python:3.11-slim
+FROM ${BASE}
+ARG TORCH=torch==2.13.0
+ARG TORCH_INDEX=
+ARG EXTRAS=s3,demo
+RUN if ! command -v python3 >/dev/null; then \
+      apt-get update && apt-get install -y --no-install-recommends python3 python3-venv && rm -rf /var/lib/apt/lists/*; \
+    fi \
+ && python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp
+WORKDIR /opt/wdsr
+COPY pyproject.toml README.md ./
+COPY shardmaker shardmaker
+COPY wdsr wdsr
+RUN pip install --no-cache-dir ${TORCH_INDEX:+--extra-index-url $TORCH_INDEX} "$TORCH" \
+ && pip install --no-cache-dir ".[$EXTRAS]" \
+ && shardmaker --help >/dev/null && wdsr train --help >/dev/null && torchrun --help >/dev/null
+# non-root, as the manifests' securityContext asks (runAsUser 10001)
+USER 10001:10001
+CMD ["wdsr", "--help"]
