@@ -411,7 +411,7 @@ def merge(out_url: str, storage_options: dict[str, Any] | None = None) -> Manife
     try:
         names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
     except FileNotFoundError:
-        raise BuildError(f"{out_url}: no such folder") from None
+        raise PartsPending(f"{out_url}: no such folder (no part has finished)") from None
     rx = re.compile(r"^manifest\.part-(\d{4})-of-(\d{4})\.json$")
     parts = {}
     for n in names:

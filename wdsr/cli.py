@@ -161,7 +161,10 @@ def _preview(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     if argv is None and hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2): a status, for callers of main() too
+        return int(exc.code or 0)
     logging.basicConfig(level=logging.INFO, format="wdsr: %(message)s")
     try:
         return {"bench": _bench, "preview": _preview, "train": _train}[args.cmd](args)

@@ -41,8 +41,9 @@ class StopFlag:
     def __init__(self) -> None:
         self.requested = False
 
-    def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._handler)
+    def install(self) -> Any:
+        """Install the handler; returns the previous one (restored when the run ends)."""
+        return signal.signal(signal.SIGTERM, self._handler)
 
     def _handler(self, signum: int, _frame: Any) -> None:
         if self.requested:
@@ -175,10 +176,11 @@ def train(cfg: TrainConfig) -> int:
         return 0
     ctx = _setup(cfg)
     stop = StopFlag()
-    stop.install()
+    previous = stop.install()
     try:
         return _loop(cfg, ctx, run, train_ds, val_ds, resume_state, stop)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if ctx.world > 1 and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -271,6 +273,7 @@ def _loop(cfg: TrainConfig, ctx: Ctx, run: RunDir, train_ds: SRDataset, val_ds: 
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
+            step_lr = sched.get_last_lr()[0]  # the rate this step used
             sched.step()
             step += 1
             batches += 1
@@ -280,7 +283,7 @@ def _loop(cfg: TrainConfig, ctx: Ctx, run: RunDir, train_ds: SRDataset, val_ds: 
             if bar is not None:
                 bar.update(1)
             if step % cfg.log_every == 0 or step == total or stopped:
-                _log_window(cfg, ctx, metrics, bar, win, step, epoch, sched.get_last_lr()[0])
+                _log_window(cfg, ctx, metrics, bar, win, step, epoch, step_lr)
             if val_ds is not None and step % cfg.val_every == 0:
                 _log_val(cfg, ctx, metrics, bar, validate(model, val_ds, cfg, ctx), step, epoch)
                 win["t"] = time.perf_counter()

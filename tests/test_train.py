@@ -1,0 +1,176 @@
+"""`wdsr train` on real photo shards: models learn, DDP ranks agree, SIGTERM checkpoints, --resume
+continues, bad input exits 2 before any worker starts."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.s3server import free_port
+from wdsr.checkpoint import RunDir
+from wdsr.cli import main
+from wdsr.models import build_model
+from wdsr.train import weights_digest
+from wdsr.trainconfig import make_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--patch-size", "48", "-k", "4", "--batch-size", "4", "--workers", "1", "--shuffle-buffer", "16"]
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("model", ["espcn", "edsr-baseline"])
+def test_a_few_cpu_steps_lower_the_loss(photo_shards, tmp_path, model):
+    out = tmp_path / "run"
+    rc = main(["train", "--data", str(photo_shards), "--out", str(out), "--model", model, *SMALL, "--lr", "1e-3",
+               "--steps", "40", "--log-every", "10", "--ckpt-every", "20", "--val-every", "0"])
+    assert rc == 0
+    losses = [r["loss"] for r in records(out) if "loss" in r]
+    assert len(losses) == 4 and losses[-1] < 0.8 * losses[0], losses
+    for r in records(out):
+        if "loss" in r:
+            assert 0 <= r["data_wait"] <= 1 and r["patches_per_s"] > 0 and r["lr"] > 0
+    run = RunDir(str(out))
+    assert run.latest()["step"] == 40 and run.checkpoints() == ["step-00000020.pt", "step-00000040.pt"]
+    state = run.load_latest()  # weights_only load
+    net = build_model(model, 4)
+    net.load_state_dict(state["model"])
+    assert weights_digest(net) == records(out)[-1]["weights_sha256"][0]
+
+
+def test_validation_and_tensorboard(photo_shards, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    rc = main(["train", "--data", str(photo_shards), "--val-data", str(photo_shards), "--out", str(out),
+               "--model", "espcn", *SMALL, "--steps", "4", "--log-every", "2", "--val-every", "4",
+               "--val-tile", "24", "--tensorboard"])
+    assert rc == 0
+    val = [r for r in records(out) if "psnr_y" in r]
+    assert len(val) == 1 and val[0]["val_images"] == 10 and 5 < val[0]["psnr_y"] < 40 and 0 < val[0]["ssim_y"] < 1
+    acc = EventAccumulator(str(out / "tb"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"loss", "data_wait", "patches_per_s", "psnr_y"} <= tags
+    assert [e.step for e in acc.Scalars("loss")] == [2, 4]
+
+
+def test_config_file_keys_are_flag_names_and_flags_win(tmp_path):
+    (tmp_path / "c.yaml").write_text("data: /d\nout: /o\nmodel: espcn\npatch-size: 96\nk: 8\nsteps: 10\n")
+    cfg = make_config({"config": str(tmp_path / "c.yaml"), "steps": 3})
+    assert (cfg.model.value, cfg.patch_size, cfg.patches_per_image, cfg.steps) == ("espcn", 96, 8, 3)
+    (tmp_path / "c.json").write_text(json.dumps({"data": "/d", "out": "/o", "batch_size": 4}))
+    assert make_config({"config": str(tmp_path / "c.json")}).batch_size == 4
+
+
+@pytest.mark.parametrize("case, args, message", [
+    ("no manifest", ["--data", "{tmp}/nothing"], "no manifest.json"),
+    ("missing scale", ["--scale", "3"], "no x3 LR"),
+    ("patch not a multiple", ["--patch-size", "50"], "not a multiple of --scale 4"),
+    ("unknown model", ["--model", "rcan"], "invalid choice: 'rcan'"),
+    ("unknown config key", ["--config", "{tmp}/bad.yaml"], "unknown setting 'learning_rate'"),
+    ("steps and epochs", ["--steps", "3", "--epochs", "1"], "not both"),
+    ("batch larger than a worker's patches", ["--batch-size", "64", "-k", "1", "--workers", "4"], "lower batch_size"),
+])
+def test_bad_input_is_one_line_and_exit_2_before_any_work(photo_shards, tmp_path, capsys, case, args, message):
+    (tmp_path / "bad.yaml").write_text("learning_rate: 0.1\n")
+    argv = ["train", "--data", str(photo_shards), "--out", str(tmp_path / "run"), "--model", "espcn"]
+    argv += [a.replace("{tmp}", str(tmp_path)) for a in args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_out_holding_another_run_is_refused_unless_resume(photo_shards, tmp_path, capsys):
+    out = tmp_path / "run"
+    base = ["train", "--data", str(photo_shards), "--out", str(out), "--model", "espcn", *SMALL, "--val-every", "0"]
+    assert main([*base, "--steps", "2"]) == 0
+    before = (out / "latest.json").read_text()
+    capsys.readouterr()
+    assert main([*base, "--steps", "2"]) == 2
+    assert "pass --resume" in capsys.readouterr().err
+    assert (out / "latest.json").read_text() == before
+    assert main([*base, "--steps", "2", "--resume", "--model", "edsr-baseline"]) == 2
+    assert "trained with model='espcn'" in capsys.readouterr().err
+    assert main([*base, "--steps", "2", "--check", "--resume"]) == 0
+    assert "would resume at step 2" in capsys.readouterr().out
+
+
+def _wait_for(pred, timeout: float, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert proc.poll() is None, f"the run ended early ({proc.returncode}): {proc.stdout.read()[-3000:]}"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_and_resume_continues_from_its_step(photo_shards, tmp_path):
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "wdsr", "train", "--data", str(photo_shards), "--out", str(out), "--model", "espcn",
+            *SMALL, "--steps", "100000", "--log-every", "1", "--ckpt-every", "100000", "--val-every", "0"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        metrics = out / "metrics.jsonl"
+        _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, 120, proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    logs = proc.stdout.read()
+    proc.stdout.close()
+    assert "SIGTERM" in logs
+    run = RunDir(str(out))
+    step = run.latest()["step"]
+    assert step >= 3 and records(out)[-1]["event"] == "stopped" and records(out)[-1]["step"] == step
+    state = run.load_latest()
+    assert state["step"] == step
+    adam_steps = {int(s["step"]) for s in state["optimizer"]["state"].values()}
+    assert adam_steps == {step}
+
+    rc = main(["train", "--data", str(photo_shards), "--out", str(out), "--model", "espcn", *SMALL,
+               "--steps", str(step + 3), "--log-every", "1", "--val-every", "0", "--resume"])
+    assert rc == 0
+    after = [r["step"] for r in records(out) if "loss" in r and r["step"] > step]
+    assert after == [step + 1, step + 2, step + 3]
+    state = run.load_latest()
+    assert state["step"] == step + 3
+    assert {int(s["step"]) for s in state["optimizer"]["state"].values()} == {step + 3}
+
+
+@pytest.mark.slow
+def test_two_ranks_under_torchrun_end_with_identical_weights(photo_shards, tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+           "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "wdsr", "train",
+           "--data", str(photo_shards), "--val-data", str(photo_shards), "--out", str(out), "--model", "espcn",
+           *SMALL, "--steps", "4", "--log-every", "2", "--val-every", "4"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recs = records(out)
+    final = recs[-1]
+    assert final["event"] == "finished" and len(final["weights_sha256"]) == 2 and final["weights_in_sync"]
+    val = [r for r in recs if "psnr_y" in r]
+    assert val[0]["val_images"] == 10  # each rank its part, gathered: every image once
+    state = torch.load(io.BytesIO((out / json.loads((out / "latest.json").read_text())["path"]).read_bytes()),
+                       weights_only=True)
+    assert state["world_size"] == 2
+    net = build_model("espcn", 4)
+    net.load_state_dict(state["model"])
+    assert weights_digest(net) == final["weights_sha256"][0]
