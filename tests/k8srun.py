@@ -69,30 +69,32 @@ class Pod:
         self.mounts = self._volumes()
 
     def _volumes(self) -> dict[str, dict[str, str]]:
-        """Per container: mountPath -> local folder (configMap files written there)."""
+        """Per container: mountPath -> local folder. ConfigMap files are written there with the
+        mount paths they name mapped too (a config file saying /scratch/logs gets the local one)."""
         local: dict[str, Path] = {}
         for vol in self.spec.get("volumes", []):
-            d = self.workdir / vol["name"]
-            d.mkdir(parents=True, exist_ok=True)
-            if "configMap" in vol:
-                for key, text in _object_data(find(self.objects, "ConfigMap", vol["configMap"]["name"])).items():
-                    (d / key).write_text(text)
-            else:
-                assert "emptyDir" in vol, f"volume {vol['name']}: only configMap and emptyDir volumes are mapped"
-            local[vol["name"]] = d
+            assert "configMap" in vol or "emptyDir" in vol, f"volume {vol['name']}: only configMap and emptyDir are mapped"
+            local[vol["name"]] = self.workdir / vol["name"]
+            local[vol["name"]].mkdir(parents=True, exist_ok=True)
         out = {}
         for c in self.spec.get("initContainers", []) + self.spec["containers"]:
             out[c["name"]] = {m["mountPath"]: str(local[m["name"]]) for m in c.get("volumeMounts", [])
                               if m["mountPath"] != "/dev/shm"}  # /dev/shm is real here too
+        self.mounts = out
+        everywhere = {"*": {k: v for mounts in out.values() for k, v in mounts.items()}}
+        for vol in self.spec.get("volumes", []):
+            if "configMap" in vol:
+                for key, text in _object_data(find(self.objects, "ConfigMap", vol["configMap"]["name"])).items():
+                    (local[vol["name"]] / key).write_text(self._map_paths(text, "*", everywhere))
         return out
 
-    def _map_paths(self, text: str, container: str) -> str:
-        """Mount paths at the start of a word or after ``=`` -> local folders, in one pass."""
-        mounts = self.mounts[container]
+    def _map_paths(self, text: str, container: str, table: dict[str, dict[str, str]] | None = None) -> str:
+        """Mount paths at the start of a word (or after ``=``) -> local folders, in one pass."""
+        mounts = (table or self.mounts)[container]
         if not mounts:
             return text
         alt = "|".join(re.escape(m) for m in sorted(mounts, key=len, reverse=True))
-        return re.sub(rf"(^|=)({alt})(?=/|$)", lambda m: m.group(1) + mounts[m.group(2)], text)
+        return re.sub(rf"(^|=|\s)({alt})(?=/|$|\s)", lambda m: m.group(1) + mounts[m.group(2)], text, flags=re.M)
 
     def env(self, c: dict[str, Any]) -> dict[str, str]:
         env: dict[str, str] = {}

@@ -147,7 +147,10 @@ def test_local_dev_jobs_build_merge_and_train_from_s3(s3, tmp_path):
     state = torch.load(io.BytesIO(fs.cat(f"{out}/{latest['path']}")), weights_only=True)
     assert state["step"] == 4 and state["world_size"] == 2
     records = [json.loads(x) for x in fs.cat(f"{out}/metrics.jsonl").decode().splitlines()]
-    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4], records
     final = records[-1]
     assert final["event"] == "finished" and final["weights_in_sync"] and len(final["weights_sha256"]) == 2
     assert all(0 <= r["data_wait"] <= 1 and r["patches_per_s"] > 0 for r in records if "loss" in r)
+    # the config file's /scratch paths reached the pod's own scratch volume (mapped here), not the host's
+    assert (tmp_path / "wdsr-train-0" / "scratch" / "logs" / "metrics.jsonl").exists()
+    assert list((tmp_path / "wdsr-train-1" / "scratch" / "shard-cache").glob("*.tar"))

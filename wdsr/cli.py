@@ -70,7 +70,7 @@ def _train_parser(sub: Any) -> None:
         "a second SIGTERM exits at once. --resume continues from OUT/latest.json (or starts\n"
         "fresh if there is none), at the next epoch boundary: mid-epoch data position is not\n"
         "restored yet. Config file keys are the flag names; flags override the file.",
-        epilog="example:\n  wdsr train --data demo-out/shards --val-data demo-out/val --out runs/demo \\\n"
+        epilog="example:\n  wdsr train --data demo-out/shards --val-data demo-out/shards --out demo-out/run \\\n"
         "             --model espcn --patch-size 96 --steps 200 --workers 2\n"
         "  torchrun --nproc-per-node 8 -m wdsr train --config train.yaml --resume")
     t.add_argument("--data", metavar="URL", help="training dataset (folder or s3://... with manifest.json)")
