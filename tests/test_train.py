@@ -174,3 +174,14 @@ def test_two_ranks_under_torchrun_end_with_identical_weights(photo_shards, tmp_p
     net = build_model("espcn", 4)
     net.load_state_dict(state["model"])
     assert weights_digest(net) == final["weights_sha256"][0]
+
+
+def test_a_second_sigterm_exits_at_once():
+    """The first SIGTERM only asks for a stop after the step; a second one ends the process (143)."""
+    code = ("import os, signal, time\nfrom wdsr.train import StopFlag\nf = StopFlag(); f.install()\n"
+            "os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.2)\nassert f.requested\n"
+            "os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)\n")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert time.monotonic() - t0 < 20
