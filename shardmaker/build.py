@@ -27,7 +27,8 @@ from tqdm import tqdm
 import shardmaker
 from shardmaker import storage
 from shardmaker.errors import BuildError
-from shardmaker.manifest import FORMAT, MANIFEST, Manifest, ManifestError, ShardInfo
+from shardmaker.format.manifest import FORMAT, MANIFEST, Manifest, ManifestError, ShardInfo
+from shardmaker.format.manifest import parse as parse_manifest, shard_path
 from shardmaker.sample import PROVIDED, EncodedSample, SampleConfig, encode_or_skip
 from shardmaker.sources import Pair, Skipped, scan
 from shardmaker.writer import ShardWriter
@@ -177,7 +178,7 @@ class _Output:
             if doc is None:
                 continue
             if doc.get("build", {}).get("fingerprint") == self.fp:
-                return Manifest.from_json(doc, where=self.path(name)), None
+                return Manifest.from_json(doc, where=self.path(name), allow_empty=True), None
             if name == MANIFEST or self.opts.part is not None:
                 return None, f"{self.path(name)} describes a different dataset"
         return None, None
@@ -224,7 +225,10 @@ class _Output:
             st = states.get(name)
             if not st or st.get("fingerprint") != self.fp:
                 break
-            info = ShardInfo.from_json(st["shard"])
+            try:
+                info = ShardInfo.from_json(st.get("shard"), where=self.path(f"_build/{name}.json"))
+            except ManifestError:
+                break  # a damaged record: rebuild from here
             try:
                 if self.fs.size(self.path(name)) != info.bytes:
                     break
@@ -431,7 +435,7 @@ def merge(out_url: str, storage_options: dict[str, Any] | None = None) -> Manife
     for i in range(total):
         path = storage.join(root, parts[(i, total)])
         try:
-            manifests.append(Manifest.from_json(json.loads(storage.read_bytes(fs, path)), where=path))
+            manifests.append(parse_manifest(storage.read_bytes(fs, path), path, allow_empty=True))
         except ValueError as exc:
             raise ManifestError(f"{path}: {exc}") from None
     fps = {m.build.get("fingerprint") for m in manifests}
@@ -444,7 +448,7 @@ def merge(out_url: str, storage_options: dict[str, Any] | None = None) -> Manife
     shards = [s for m in manifests for s in m.shards]
     for s in shards:
         try:
-            size = fs.size(storage.join(root, s.name))
+            size = fs.size(shard_path(root, s.name))
         except FileNotFoundError:
             raise BuildError(f"{out_url}: shard {s.name} listed by a part manifest is missing") from None
         if size != s.bytes:

@@ -10,10 +10,11 @@ import fsspec
 import numpy as np
 import xxhash
 
-from shardmaker import codecs, tario
+from shardmaker import codecs
+from shardmaker.format import tario
 from shardmaker.codecs import Codec, ImageDataError
 from shardmaker.errors import InputError
-from shardmaker.manifest import pair_fits
+from shardmaker.format.manifest import pair_fits
 from shardmaker.resize import ResizeMethod, downscale
 from shardmaker.sources import Pair, Skipped
 

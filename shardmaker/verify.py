@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from shardmaker import codecs, manifest as mf, storage, tario
+from shardmaker import codecs, storage
+from shardmaker.format import headers, manifest as mf, tario
 from shardmaker.codecs import ImageDataError
-from shardmaker.manifest import Manifest, ShardInfo
+from shardmaker.format.manifest import Manifest, ShardInfo
 
 
 def _expected_members(m: Manifest) -> list[str]:
@@ -22,7 +23,7 @@ def _expected_members(m: Manifest) -> list[str]:
 def _group(data: bytes, where: str) -> Iterator[tuple[str, int, dict[str, bytes]]]:
     """``(key, offset, {member: bytes})`` per sample, in shard order."""
     key, start, members = None, 0, {}
-    for name, offset, payload in tario.iter_members(io.BytesIO(data)):
+    for name, offset, payload in tario.iter_members(io.BytesIO(data), limit=len(data)):
         k, ext = tario.split_name(name)
         if k != key:
             if key is not None:
@@ -35,16 +36,26 @@ def _group(data: bytes, where: str) -> Iterator[tuple[str, int, dict[str, bytes]
         yield key, start, members
 
 
-def _check_pair(m: Manifest, key: str, members: dict[str, bytes], hr_size: list[int]) -> list[str]:
+def _check_pair(m: Manifest, key: str, members: dict[str, bytes], hr_size: list[int],
+                max_pixels: int = headers.DEFAULT_MAX_PIXELS) -> list[str]:
     """Deep checks of one sample; returns problems (empty when fine)."""
     problems = []
     try:
         meta: dict[str, Any] = json.loads(members["json"])
-    except ValueError as exc:
-        return [f"json is not valid JSON ({exc})"]
+    except (ValueError, RecursionError):
+        return ["json is not valid JSON"]
+    if type(meta) is not dict or type(meta.get("sha256", {})) is not dict:
+        return ["json is not a JSON object with a sha256 object"]
     for name, digest in meta.get("sha256", {}).items():
         if name in members and hashlib.sha256(members[name]).hexdigest() != digest:
             problems.append(f"{name} sha256 does not match {key}.json")
+    try:  # headers first: a decompression bomb is refused before it is decoded
+        hr_head = headers.image_header(members[f"hr.{m.codec}"], m.codec)
+        for s in m.scales:
+            name = f"lr_x{s}.{m.codec}"
+            headers.check_pair(hr_head, headers.image_header(members[name], m.codec), s, tuple(hr_size), max_pixels)
+    except headers.HeaderError as exc:
+        return problems + [str(exc)]
     try:
         hr = codecs.decode(members[f"hr.{m.codec}"], m.codec)
     except ImageDataError as exc:
@@ -76,7 +87,8 @@ def verify_shard(m: Manifest, info: ShardInfo, data: bytes, deep: bool) -> list[
     where = info.name
     problems = []
     if len(data) != info.bytes:
-        problems.append(f"{where}: {len(data)} bytes, manifest says {info.bytes}")
+        got = f"{len(data)} bytes" if len(data) < info.bytes else "more bytes"
+        problems.append(f"{where}: {got}, manifest says {info.bytes}")
     if hashlib.sha256(data).hexdigest() != info.sha256:
         problems.append(f"{where}: sha256 does not match the manifest")
     want = _expected_members(m)
@@ -111,7 +123,8 @@ def verify(url: str, deep: bool = False, progress: bool = True, storage_options:
     with tqdm(total=m.bytes, unit="B", unit_scale=True, desc="verify", disable=not progress) as bar:
         for info in m.shards:
             try:
-                data = storage.read_bytes(fs, storage.join(root, info.name))
+                with fs.open(mf.shard_path(root, info.name), "rb") as f:
+                    data = f.read(info.bytes + 1)  # never more than the manifest promises (+1 to see a longer file)
             except FileNotFoundError:
                 problems.append(f"{info.name}: missing")
                 continue

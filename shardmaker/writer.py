@@ -5,9 +5,10 @@ import hashlib
 
 import fsspec
 
-from shardmaker import storage, tario
+from shardmaker import storage
+from shardmaker.format import tario
 from shardmaker.errors import BuildError
-from shardmaker.manifest import ShardInfo
+from shardmaker.format.manifest import ShardInfo
 from shardmaker.sample import EncodedSample
 
 

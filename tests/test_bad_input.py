@@ -10,7 +10,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 from PIL import Image
 
-from shardmaker.manifest import load as load_manifest
+from shardmaker.format.manifest import load as load_manifest
 from tests.conftest import photos, save
 from tests.test_build import sm
 

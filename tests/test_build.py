@@ -11,9 +11,10 @@ import fsspec
 import numpy as np
 import pytest
 
-from shardmaker import codecs, tario
+from shardmaker import codecs
+from shardmaker.format import tario
 from shardmaker.cli import main
-from shardmaker.manifest import load as load_manifest
+from shardmaker.format.manifest import load as load_manifest
 from tests.conftest import load_rgb, needs_refdata, photos, save
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shardmaker.manifest import load
+from shardmaker.format.manifest import load
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).resolve().parent

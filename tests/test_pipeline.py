@@ -130,7 +130,7 @@ def test_min_patch_std_rejects_flat_patches(tmp_path):
 
 
 def test_val_every_image_once_in_order_whole_and_tiled(photo_shards):
-    from shardmaker.manifest import load
+    from shardmaker.format.manifest import load
 
     order = [k for s in load(str(photo_shards)).shards for k in s.keys]
     seen = []
@@ -154,8 +154,8 @@ def test_val_every_image_once_in_order_whole_and_tiled(photo_shards):
 
 def rewrite(ds: Path, shard_index: int, edit) -> None:
     """Rewrite one shard's members through ``edit(name, data) -> (name, data) | None`` and fix the manifest."""
-    from shardmaker import tario
-    from shardmaker.manifest import Manifest, ShardInfo
+    from shardmaker.format import tario
+    from shardmaker.format.manifest import Manifest, ShardInfo
 
     doc = json.loads((ds / "manifest.json").read_text())
     m = Manifest.from_json(doc)

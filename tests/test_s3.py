@@ -14,7 +14,7 @@ import torch
 
 import wdsr
 from shardmaker.cli import main as shardmaker_main
-from shardmaker.manifest import load
+from shardmaker.format.manifest import load
 import numpy as np
 
 from tests.conftest import S3_BUCKET, build_shards, photos, save

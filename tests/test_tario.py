@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from shardmaker import tario
+from shardmaker.format import tario
 
 
 def _archive(members: list[tuple[str, bytes]]) -> bytes:

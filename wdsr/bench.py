@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from shardmaker import manifest as mf
+from shardmaker.format import manifest as mf
 from wdsr.dataset import SRDataset
 from wdsr.loader import _worker_init, make_loader
 from wdsr.plan import Span

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from shardmaker.manifest import ShardInfo
+from shardmaker.format.manifest import ShardInfo
 
 log = logging.getLogger("wdsr")
 _PARTIAL = ".partial"

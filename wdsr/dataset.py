@@ -12,7 +12,8 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from shardmaker import manifest as mf
+from shardmaker.format import headers
+from shardmaker.format import manifest as mf
 from wdsr import env
 from wdsr.decode import DecodedPair, Verify, decode_pair, wanted_members
 from wdsr.errors import SampleError
@@ -56,6 +57,7 @@ class Options:
     tile: int | None = None  # val: LR tile side; None = whole images
     tile_overlap: int = 8
     return_keys: bool = False
+    max_pixels: int = headers.DEFAULT_MAX_PIXELS  # HR pixels; checked from the header, before decoding
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split", Split(self.split))
@@ -98,11 +100,12 @@ class SRDataset(IterableDataset):
                  max_tries: int = 10, verify: str = "xxh3_64", tile: int | None = None, tile_overlap: int = 8,
                  return_keys: bool = False, storage_options: dict[str, Any] | None = None,
                  world: env.World | None = None, retry: Retry | None = None, read_ahead: int = 1,
-                 cache_dir: str | None = None, cache_limit: int | None = None, fetch: str = "ranges") -> None:
+                 cache_dir: str | None = None, cache_limit: int | None = None, fetch: str = "ranges",
+                 max_pixels: int = headers.DEFAULT_MAX_PIXELS) -> None:
         super().__init__()
         self.opts = Options(scale, patch_size, patches_per_image, batch_size, shuffle_buffer, augment, seed,
                             Split(split), OnError(on_error), min_patch_std, max_tries, Verify(verify), tile,
-                            tile_overlap, return_keys)
+                            tile_overlap, return_keys, max_pixels)
         self.url = url
         self.manifest = mf.load(url, storage_options)
         if scale not in self.manifest.scales:
@@ -182,7 +185,7 @@ class SRDataset(IterableDataset):
                         self.stats.add(worker, samples=1, bytes_read=raw.nbytes, read_ns=raw.read_ns,
                                        **self.reader.take_counts())
                         try:
-                            pair = decode_pair(raw, self.manifest.codec, o.scale, o.verify)
+                            pair = decode_pair(raw, self.manifest.codec, o.scale, o.verify, o.max_pixels)
                         except SampleError as exc:
                             self._skip(worker, exc)
                             yield exc

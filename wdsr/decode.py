@@ -16,7 +16,8 @@ import xxhash
 
 from shardmaker import codecs
 from shardmaker.codecs import ImageDataError
-from shardmaker.manifest import pair_fits
+from shardmaker.format import headers
+from shardmaker.format.manifest import pair_fits
 from wdsr.errors import SampleError
 from wdsr.plan import Span
 from wdsr.read import RawSample
@@ -50,6 +51,8 @@ def _check(raw: RawSample, meta: dict, names: tuple[str, ...], verify: Verify) -
     if verify is Verify.NONE:
         return
     digests = meta.get(verify.value)
+    if digests is not None and type(digests) is not dict:
+        raise SampleError(raw.shard, raw.key, f"{raw.key}.json: {verify.value} is not an object of digests")
     if digests is None:
         if verify is Verify.XXH3 and "sha256" in meta:  # shards from builds that did not record xxh3_64
             return _check(raw, meta, names, Verify.SHA256)
@@ -61,7 +64,10 @@ def _check(raw: RawSample, meta: dict, names: tuple[str, ...], verify: Verify) -
             raise SampleError(raw.shard, raw.key, f"{name} does not match its {verify.value} in {raw.key}.json (corrupt shard)")
 
 
-def decode_pair(raw: RawSample, codec: str, scale: int, verify: Verify = Verify.XXH3) -> DecodedPair:
+def decode_pair(raw: RawSample, codec: str, scale: int, verify: Verify = Verify.XXH3,
+                max_pixels: int = headers.DEFAULT_MAX_PIXELS) -> DecodedPair:
+    """Check headers (sizes against the manifest, scale, channels, depth, ``max_pixels``) and
+    digests, then decode; every failure is a SampleError naming shard and key."""
     t0 = time.perf_counter_ns()
     hr_name, lr_name = f"hr.{codec}", f"lr_x{scale}.{codec}"
 
@@ -72,11 +78,19 @@ def decode_pair(raw: RawSample, codec: str, scale: int, verify: Verify = Verify.
         raise fail("no json member")
     try:
         meta = json.loads(raw.members["json"])
-    except ValueError as exc:
-        raise fail(f"json member is not valid JSON ({exc})") from None
+    except (ValueError, RecursionError):
+        raise fail("json member is not valid JSON") from None
+    if type(meta) is not dict:
+        raise fail("json member is not a JSON object")
     for name in (hr_name, lr_name):
         if name not in raw.members:
-            raise fail(f"no {name} member (this sample has scales {meta.get('scales')})")
+            raise fail(f"no {name} member (this sample has scales {meta.get('scales')!r})")
+    try:
+        hr_head = headers.image_header(raw.members[hr_name], codec)
+        lr_head = headers.image_header(raw.members[lr_name], codec)
+        headers.check_pair(hr_head, lr_head, scale, raw.hr_size, max_pixels)
+    except headers.HeaderError as exc:
+        raise fail(str(exc)) from None
     _check(raw, meta, (hr_name, lr_name), Verify(verify))
     t1 = time.perf_counter_ns()
     try:

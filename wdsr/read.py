@@ -21,8 +21,10 @@ from typing import Any
 
 import fsspec
 
-from shardmaker import storage, tario
-from shardmaker.manifest import Manifest, ShardInfo
+from shardmaker import storage
+from shardmaker.format import tario
+from shardmaker.format import manifest as mf
+from shardmaker.format.manifest import Manifest, ShardInfo
 from wdsr import remote
 from wdsr.cache import CacheMismatch, ShardCache
 from wdsr.errors import SampleError
@@ -44,6 +46,7 @@ class RawSample:
     nbytes: int
     read_ns: int
     loc: Span  # where it was read: this one sample, for reading it again
+    hr_size: tuple[int, int] | None = None  # (w, h) the manifest promises for HR
 
 
 class Fetch(str, enum.Enum):
@@ -133,7 +136,7 @@ class ShardReader:
         """
         self._open_fs()
         info = self.manifest.shards[span.shard]
-        path = storage.join(self._root, info.name)
+        path = mf.shard_path(self._root, info.name)  # always inside the dataset, whatever the name says
         if storage.is_local(self._fs):
             yield from self._file_span(self._fs, path, info, span, wanted)
             return
@@ -204,7 +207,7 @@ class ShardReader:
                 members = _members(f, end - begin, info.name, info.keys[i], wanted)
                 nbytes = sum(len(v) for v in members.values())
                 yield RawSample(info.name, info.keys[i], i, span.rep, members, nbytes, time.perf_counter_ns() - t0,
-                                Span(span.shard, i, i + 1, span.rep))
+                                Span(span.shard, i, i + 1, span.rep), tuple(info.hr_sizes[i]))
 
     def _range_span(self, rf: remote.RemoteFile, info: ShardInfo, span: Span, wanted: frozenset[str]) -> Iterator[RawSample]:
         """One range read per sample; ``read_ahead`` samples are on their way while one is decoded."""
@@ -231,7 +234,8 @@ class ShardReader:
                 members = _members(_View(data), len(data), info.name, info.keys[i], wanted)
                 nbytes = sum(len(v) for v in members.values())
                 yield RawSample(info.name, info.keys[i], i, span.rep, members, nbytes,
-                                ns + time.perf_counter_ns() - t0, Span(span.shard, i, i + 1, span.rep))
+                                ns + time.perf_counter_ns() - t0, Span(span.shard, i, i + 1, span.rep),
+                                tuple(info.hr_sizes[i]))
                 del data, members
         finally:
             for fut in pending:
@@ -263,11 +267,15 @@ class _View:
 def _members(f: Any, length: int, shard: str, key: str, wanted: frozenset[str]) -> dict[str, bytes]:
     """The wanted members of the sample that starts at ``f``'s position and spans ``length`` bytes."""
     out: dict[str, bytes] = {}
+    seen: set[str] = set()
 
     def want(name: str) -> bool:
         k, ext = tario.split_name(name)
         if k != key:
             raise SampleError(shard, key, f"found member {name!r} where the manifest puts sample {key!r}")
+        if ext in seen:
+            raise SampleError(shard, key, f"member {ext!r} appears twice in the sample")
+        seen.add(ext)
         return ext in wanted
 
     try:

@@ -36,16 +36,29 @@ def member_bytes(name: str, data: bytes) -> bytes:
     return header + data + b"\0" * pad
 
 
-def _field_str(raw: bytes) -> str:
-    return raw.split(b"\0", 1)[0].decode("utf-8")
+_MAX_LONG_NAME = 1 << 16
+_NO_LIMIT = 1 << 46  # a member can never claim more than this, even where the caller gave no limit
 
 
-def _field_int(raw: bytes) -> int:
-    if raw and raw[0] & 0x80:  # GNU base-256 for sizes >= 8 GiB
-        value = int.from_bytes(raw[1:], "big")
-        return value
-    text = raw.split(b"\0", 1)[0].strip()
-    return int(text, 8) if text else 0
+def _field_str(raw: bytes, pos: int) -> str:
+    try:
+        return raw.split(b"\0", 1)[0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise TarFormatError(f"member name at byte {pos} is not UTF-8") from None
+
+
+def _field_int(raw: bytes, what: str, pos: int) -> int:
+    """An octal (or GNU base-256) number field; anything else is a TarFormatError, never ValueError."""
+    if raw and raw[0] & 0x80:  # GNU base-256 for sizes >= 8 GiB; 0xff starts a negative number
+        if raw[0] == 0xFF:
+            raise TarFormatError(f"negative {what} in the tar header at byte {pos}")
+        return int.from_bytes(bytes([raw[0] & 0x7F]) + raw[1:], "big")
+    text = raw.split(b"\0", 1)[0].strip(b" ")
+    if not text:
+        return 0
+    if any(c < 0x30 or c > 0x37 for c in text):
+        raise TarFormatError(f"{what} in the tar header at byte {pos} is not an octal number")
+    return int(text, 8)
 
 
 def _read_exact(f: BinaryIO, n: int, what: str) -> bytes:
@@ -55,8 +68,8 @@ def _read_exact(f: BinaryIO, n: int, what: str) -> bytes:
     return data
 
 
-def _checksum_ok(header: bytes) -> bool:
-    stored = _field_int(header[148:156])
+def _checksum_ok(header: bytes, pos: int) -> bool:
+    stored = _field_int(header[148:156], "checksum", pos)
     computed = sum(header[:148]) + 8 * 32 + sum(header[156:])
     return stored == computed
 
@@ -65,9 +78,9 @@ def _header(header: bytes, pos: int) -> tuple[int, bytes] | None:
     """``(size, type flag)`` of the header at ``pos``; None for an end-of-archive block."""
     if header == b"\0" * BLOCK:
         return None
-    if not _checksum_ok(header):
+    if not _checksum_ok(header, pos):
         raise TarFormatError(f"bad tar header checksum at byte {pos}")
-    return _field_int(header[124:136]), header[156:157]
+    return _field_int(header[124:136], "member size", pos), header[156:157]
 
 
 def iter_members(
@@ -82,7 +95,8 @@ def iter_members(
     pos = 0
     long_name: str | None = None
     entry_start = 0
-    while limit is None or pos < limit:
+    end = _NO_LIMIT if limit is None else limit
+    while pos < end:
         header = f.read(BLOCK)
         if not header:
             where = f"{limit} bytes were expected" if limit is not None else "no end-of-archive blocks"
@@ -95,13 +109,17 @@ def iter_members(
         size, kind = parsed
         if long_name is None:
             entry_start = pos
-        pos += BLOCK
         padded = size + (-size) % BLOCK
+        if padded > end - pos - BLOCK:  # every size is bounded by the bytes left: no seeking back, no huge reads
+            raise TarFormatError(f"member at byte {pos} claims {size} bytes; only {max(0, end - pos - BLOCK)} are left")
+        pos += BLOCK
         if kind == b"L":  # GNU long name for the next header
-            long_name = _read_exact(f, padded, f"name at byte {pos - BLOCK}")[:size].split(b"\0", 1)[0].decode("utf-8")
+            if size > _MAX_LONG_NAME:
+                raise TarFormatError(f"long name of {size} bytes at byte {pos - BLOCK}")
+            long_name = _field_str(_read_exact(f, padded, f"name at byte {pos - BLOCK}")[:size], pos - BLOCK)
             pos += padded
             continue
-        name = long_name if long_name is not None else _member_name(header)
+        name = long_name if long_name is not None else _member_name(header, pos - BLOCK)
         long_name = None
         if kind not in (b"0", b"\0") or (want is not None and not want(name)):
             f.seek(padded, io.SEEK_CUR)
@@ -114,10 +132,10 @@ def iter_members(
         yield name, entry_start, data
 
 
-def _member_name(header: bytes) -> str:
-    name = _field_str(header[0:100])
+def _member_name(header: bytes, pos: int) -> str:
+    name = _field_str(header[0:100], pos)
     if header[257:262] == b"ustar":
-        prefix = _field_str(header[345:500])
+        prefix = _field_str(header[345:500], pos)
         if prefix and header[257:263] == b"ustar\x00":  # POSIX ustar prefix field
             name = prefix + "/" + name
     return name

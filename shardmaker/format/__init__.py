@@ -1,0 +1,23 @@
+"""The ``wdsr-shards/1`` format: the one door to shard data, for ``shardmaker`` and ``wdsr`` alike.
+
+Everything read from a dataset passes through here and trusts nothing it reads:
+
+* :mod:`.manifest` -- ``manifest.json`` checked against the schema (types, ranges, shard names
+  that are one file name, unique keys, 64-hex sha256, offsets and sizes consistent); a shard's
+  location is always ``dataset + "/" + name`` (:func:`shard_path`). Failures are
+  :class:`ManifestError` (where, field, reason).
+* :mod:`.tario` -- tar members parsed with every size bounded by the bytes left, so parsing always
+  moves forward; bad headers, sizes, checksums or names are :class:`TarFormatError`.
+* :mod:`.headers` -- PNG/QOI headers checked against the manifest's HR size, the scale, channels,
+  depth and a pixel limit before any decode (:class:`HeaderError`).
+
+Readers turn these into ``wdsr.SampleError`` (shard, key, reason); messages never quote file bytes.
+"""
+from shardmaker.format.headers import DEFAULT_MAX_PIXELS, HeaderError, ImageHeader, check_pair, image_header
+from shardmaker.format.manifest import (FORMAT, MANIFEST, Manifest, ManifestError, ShardInfo, check_shard_name, load,
+                                        pair_fits, parse, shard_path)
+from shardmaker.format.tario import TarFormatError, iter_members, split_name
+
+__all__ = ["DEFAULT_MAX_PIXELS", "FORMAT", "HeaderError", "ImageHeader", "MANIFEST", "Manifest", "ManifestError",
+           "ShardInfo", "TarFormatError", "check_pair", "check_shard_name", "image_header", "iter_members", "load",
+           "pair_fits", "parse", "shard_path", "split_name"]
