@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
+import fsspec
 import numpy as np
 from tqdm import tqdm
 
@@ -53,6 +54,7 @@ class BuildOptions:
     skip_errors: bool = False
     overwrite: bool = False
     progress: bool = True
+    strict_resume: bool = False  # resume only over sources whose content hash is unchanged (reads them all once)
 
     def __post_init__(self) -> None:
         if self.shard_size < 4096:
@@ -85,13 +87,29 @@ def part_manifest_name(part: tuple[int, int]) -> str:
     return f"manifest.part-{part[0]:04d}-of-{part[1]:04d}.json"
 
 
+def _content_hashes(pairs: list[Pair], opts: BuildOptions) -> list[str]:
+    """sha256 of every source file (``--strict-resume``)."""
+    out = []
+    for p in tqdm(pairs, desc="hash sources", unit="img", disable=not opts.progress):
+        h = hashlib.sha256()
+        for url in [p.hr] + [u for _, u, _ in p.lr]:
+            with fsspec.open(url, "rb", **opts.sample.storage_options) as f:
+                for block in iter(lambda: f.read(1 << 22), b""):
+                    h.update(block)
+        out.append(h.hexdigest())
+    return out
+
+
 def fingerprint(pairs: list[Pair], opts: BuildOptions) -> str:
-    """Hash of everything that decides the dataset's bytes (sources by name and size, flags)."""
+    """Hash of everything that decides the dataset's bytes: sources by name, pixel size, file size
+    and modification stamp (content hash with ``strict_resume``), and the flags. A source edited in
+    place changes it, so a rerun rebuilds instead of keeping stale shards."""
     cfg = opts.sample
     doc = {
         "format": FORMAT,
         "writer": WRITER_REVISION,
-        "pairs": [[p.key, p.hr_rel, list(p.hr_size), [[s, rel] for s, _, rel in p.lr]] for p in pairs],
+        "pairs": [[p.key, p.hr_rel, list(p.hr_size), [[s, rel] for s, _, rel in p.lr], list(p.stamps)] for p in pairs],
+        "content": _content_hashes(pairs, opts) if opts.strict_resume else None,
         "codec": cfg.codec.value,
         "png_level": cfg.png_level,
         "lr_method": cfg.lr_method,

@@ -22,11 +22,14 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 
 
 
 def parse_size(text: str) -> int:
-    """``256MB``, ``1GiB``, ``500k``, ``1e9`` -> bytes."""
+    """``256MB``, ``1GiB``, ``500k``, ``1e9`` -> bytes (at most 1 TiB)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 256MB, 1GiB, 500000)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not value <= 1 << 40:  # also catches inf (1e999)
+        raise argparse.ArgumentTypeError(f"size {text!r} is over the 1 TiB maximum")
+    return int(value)
 
 
 def parse_scales(text: str) -> tuple[int, ...]:
@@ -60,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
                        description="Build shards from HR_SRC (PNG/JPEG/TIFF/BMP/WebP, 8/16-bit, grey/RGB) into OUT "
                        "(a folder or fsspec URL). LR images come from --lr folders, or are made with "
                        "MATLAB-exact bicubic (imresize) at --scale.")
-    b.add_argument("hr_src", metavar="HR_SRC", help="folder of HR images (searched recursively)")
+    b.add_argument("hr_src", metavar="HR_SRC", help="folder of HR images (searched recursively; symbolic links are "
+                   "followed, also out of the folder; FIFOs and other non-regular files are skipped with a warning)")
     b.add_argument("out", metavar="OUT", help="output folder or URL (memory://, s3://bucket/prefix, ...)")
     b.add_argument("--lr", action="append", default=[], metavar="SRC",
                    help="folder of provided LR images, one per scale (repeatable); pairs by relative name, "
@@ -88,7 +92,12 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--drop-alpha", action="store_true", help="accept RGBA/grey+alpha images by dropping alpha")
     b.add_argument("--max-pixels", type=int, default=1 << 28,
                    help="refuse images with more pixels than this (decompression-bomb guard; default 2^28)")
-    b.add_argument("--overwrite", action="store_true", help="replace a different dataset already in OUT")
+    b.add_argument("--overwrite", action="store_true",
+                   help="replace a different wdsr dataset already in OUT: the new one is built in OUT/_staging and "
+                   "swapped in only once complete; only files the old manifest lists are deleted")
+    b.add_argument("--strict-resume", action="store_true",
+                   help="a rerun keeps finished shards only if every source's content hash is unchanged (reads all "
+                   "sources once more); by default file size and modification time decide")
 
     g = sub.add_parser("merge", help="write manifest.json from the part manifests of a --part build",
                        description="Join the part manifests of a `build --part I/N` run into OUT/manifest.json.")
@@ -115,7 +124,7 @@ def _build(args: argparse.Namespace) -> int:
     opts = BuildOptions(hr_src=args.hr_src, out=args.out, lr_srcs=tuple(args.lr), sample=cfg,
                         shard_size=args.shard_size, max_samples=args.max_samples, workers=args.workers,
                         seed=args.seed, part=args.part, skip_errors=args.on_error == "skip",
-                        overwrite=args.overwrite, progress=not args.quiet)
+                        overwrite=args.overwrite, progress=not args.quiet, strict_resume=args.strict_resume)
     res = build(opts)
     rate = res.samples / res.seconds if res.seconds else 0.0
     print(f"wrote {res.manifest_path}: {res.samples} samples in {res.shards} shards, "

@@ -24,7 +24,10 @@ try:
 except ImportError:  # pragma: no cover
     qoi = None
 
-Image.MAX_IMAGE_PIXELS = None  # we apply our own, configurable limit (check_pixels)
+# Pillow's own bomb guard (Image.MAX_IMAGE_PIXELS) is left as the user set it: we never change it
+# for the process. Our limit (check_pixels, --max-pixels) is checked from the header first.
+_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".tif": "TIFF", ".tiff": "TIFF", ".bmp": "BMP",
+            ".webp": "WEBP"}
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SOURCE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp")
@@ -99,6 +102,9 @@ def _decode_pillow(data: bytes) -> np.ndarray:
             warnings.simplefilter("ignore")  # e.g. "Corrupt EXIF data": harmless for the pixels
             im = Image.open(io.BytesIO(data))
             im.load()
+    except Image.DecompressionBombError:
+        raise ImageDataError(f"over Pillow's own limit of {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels "
+                             "(PIL.Image.MAX_IMAGE_PIXELS, which wdsr never changes); PNG sources have no such limit") from None
     except Exception as exc:
         raise ImageDataError(f"corrupt, truncated or unknown image ({exc})") from None
     if im.mode in ("I;16", "I;16B", "I;16L"):
@@ -118,14 +124,19 @@ def _decode_pillow(data: bytes) -> np.ndarray:
     raise ImageDataError(f"unsupported image mode {im.mode!r}")
 
 
-def _source_size(data: bytes) -> tuple[int, int]:
+def _source_size(data: bytes, ext: str | None = None) -> tuple[int, int]:
+    want = _FORMATS.get(ext.lower()) if ext else None
     head = png_header(data)
     if head is not None:
+        if want not in (None, "PNG"):
+            raise ImageDataError(f"the content is a PNG, not the {want} its name says")
         return head[0], head[1]
+    if want == "PNG":
+        raise ImageDataError("not a readable image: no PNG signature, though the name says .png")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a header cut short warns; the caller may retry whole
-            im = Image.open(io.BytesIO(data))
+            im = Image.open(io.BytesIO(data), formats=[want] if want else None)
             bits = getattr(im, "tag_v2", {}).get(258) if im.format == "TIFF" else None
             if isinstance(bits, tuple) and len(bits) >= 3 and max(bits) > 8:
                 raise ImageDataError("16-bit colour TIFF is not supported; convert it to 16-bit PNG")
@@ -136,16 +147,17 @@ def _source_size(data: bytes) -> tuple[int, int]:
         raise ImageDataError(f"not a readable image ({exc})") from None
 
 
-def image_size(data: bytes) -> tuple[int, int]:
-    """``(width, height)`` from the header alone, without decoding pixels."""
-    return _source_size(data)
+def image_size(data: bytes, ext: str | None = None) -> tuple[int, int]:
+    """``(width, height)`` from the header alone, without decoding pixels; with ``ext`` (".jpg"),
+    content of another format than the name says is an error."""
+    return _source_size(data, ext)
 
 
-def load_source(data: bytes, drop_alpha: bool = False, max_pixels: int = 1 << 28) -> np.ndarray:
+def load_source(data: bytes, drop_alpha: bool = False, max_pixels: int = 1 << 28, ext: str | None = None) -> np.ndarray:
     """Decode a source image (PNG/JPEG/TIFF/BMP/WebP, 8/16-bit, grey/RGB) after a size check."""
     if not data:
         raise ImageDataError("empty file")
-    w, h = _source_size(data)
+    w, h = _source_size(data, ext)
     check_pixels(w, h, max_pixels)
     arr = _decode_png(data) if data.startswith(PNG_SIGNATURE) else _decode_pillow(data)
     return _normalise(arr, drop_alpha)

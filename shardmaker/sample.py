@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import posixpath
 from typing import Any
 
 import fsspec
@@ -60,7 +61,8 @@ def _read(url: str, storage_options: dict[str, Any]) -> bytes:
 
 def _load(url: str, cfg: SampleConfig) -> np.ndarray:
     try:
-        return codecs.load_source(_read(url, cfg.storage_options), cfg.drop_alpha, cfg.max_pixels)
+        return codecs.load_source(_read(url, cfg.storage_options), cfg.drop_alpha, cfg.max_pixels,
+                                  posixpath.splitext(url)[1])
     except ImageDataError as exc:
         raise InputError(url, str(exc)) from None
 

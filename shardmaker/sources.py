@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import posixpath
 import re
 from collections.abc import Iterable
@@ -31,6 +32,7 @@ class Pair:
     hr_rel: str
     hr_size: tuple[int, int]  # (w, h)
     lr: tuple[tuple[int, str, str], ...] = ()  # (scale, URL, relative path), ascending scale
+    stamps: tuple[str, ...] = ()  # size + modification stamp of HR, then of each LR: an edit changes them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,17 +47,47 @@ def make_key(rel_path: str) -> str:
     return stem.replace(".", "_")
 
 
-def _list_images(fs: fsspec.AbstractFileSystem, root: str, exclude: Iterable[str] = ()) -> list[str]:
+def _stamp(info: dict[str, Any]) -> str:
+    """What changes when a file is edited in place: size + mtime_ns locally, size + ETag/mtime elsewhere."""
+    name = info.get("name", "")
+    if isinstance(name, str) and info.get("type") == "file" and "mtime" in info and "ETag" not in info:
+        try:
+            st = os.stat(name)
+            return f"{st.st_size}:{st.st_mtime_ns}"
+        except OSError:
+            pass
+    tag = info.get("ETag") or info.get("etag") or info.get("LastModified") or info.get("mtime") or ""
+    return f"{info.get('size')}:{tag}"
+
+
+def _list_images(fs: fsspec.AbstractFileSystem, root: str, exclude: Iterable[str] = (),
+                 problem: Any = None) -> dict[str, str]:
+    """Image files under ``root``: path -> stamp. Files that are not regular files (FIFOs,
+    sockets, devices) and names that are not UTF-8 are reported to ``problem`` and left out.
+    Symbolic links are followed, also where they point outside ``root``."""
     excluded = [e.rstrip("/") + "/" for e in exclude]
-    found = []
-    for path in sorted(fs.find(root)):
+    found = {}
+    for path, info in sorted(fs.find(root, detail=True).items()):
         base = posixpath.basename(path)
         if base.startswith(".") or not base.lower().endswith(codecs.SOURCE_EXTENSIONS):
             continue
         if any(path.startswith(e) for e in excluded):
             continue
-        found.append(path)
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            (problem or _raise)(shown, "file name is not valid UTF-8 (rename it)")
+            continue
+        if info.get("type") != "file":
+            log.warning("skipping %s: not a regular file (%s)", path, info.get("type"))
+            continue
+        found[path] = _stamp(info)
     return found
+
+
+def _raise(path: str, reason: str) -> None:
+    raise InputError(path, reason)
 
 
 def _open_root(url: str, what: str, storage_options: dict[str, Any] | None) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -67,18 +99,19 @@ def _open_root(url: str, what: str, storage_options: dict[str, Any] | None) -> t
     return fs, root
 
 
-def header_size(fs: fsspec.AbstractFileSystem, path: str) -> tuple[int, int]:
-    """Image ``(w, h)`` from its header: the first 64 KiB, or the whole file if needed (TIFF)."""
+def header_size(fs: fsspec.AbstractFileSystem, path: str, ext: str | None = None) -> tuple[int, int]:
+    """Image ``(w, h)`` from its header: the first 64 KiB, or the whole file if needed (TIFF).
+    With ``ext``, the content must be of the format the extension names."""
     try:
         with fs.open(path, "rb") as f:
             head = f.read(1 << 16)
             try:
-                return codecs.image_size(head)
+                return codecs.image_size(head, ext)
             except codecs.ImageDataError:
                 if len(head) < (1 << 16):
                     raise
             head += f.read()
-        return codecs.image_size(head)
+        return codecs.image_size(head, ext)
     except codecs.ImageDataError as exc:
         raise InputError(path, str(exc)) from None
     except OSError as exc:
@@ -127,10 +160,12 @@ def scan(
     lr_urls = list(lr_urls)
     fs, hr_root = _open_root(hr_url, "HR source folder", storage_options)
     lr_roots = [_open_root(u, "LR source folder", storage_options) for u in lr_urls]
-    hr_paths = _list_images(fs, hr_root, exclude=[r for f2, r in lr_roots if f2 is fs])
+    out = _Collector(skip_errors)
+    hr_stamps = _list_images(fs, hr_root, exclude=[r for f2, r in lr_roots if f2 is fs], problem=out.problem)
+    hr_paths = list(hr_stamps)
     if not hr_paths:
         raise InputError(hr_url, f"no images found (looked for {', '.join(codecs.SOURCE_EXTENSIONS)})")
-    out = _Collector(skip_errors)
+    stamps: dict[str, str] = dict(hr_stamps)
 
     by_key: dict[str, str] = {}
     hr_rel: dict[str, str] = {}
@@ -148,7 +183,7 @@ def scan(
     bad: set[str] = set()
     for key, path in by_key.items():
         try:
-            sizes[key] = header_size(fs, path)
+            sizes[key] = header_size(fs, path, posixpath.splitext(path)[1])
         except InputError as exc:
             out.problem(exc.path, exc.reason)
             bad.add(key)
@@ -158,7 +193,9 @@ def scan(
         matched: dict[str, str] = {}
         dir_scale: int | None = None
         dir_example = ""
-        for lpath in _list_images(lfs, lroot):
+        lr_stamps = _list_images(lfs, lroot, problem=out.problem)
+        for lpath in lr_stamps:
+            stamps[storage.url_of(lfs, lpath)] = lr_stamps[lpath]
             lrel = posixpath.relpath(lpath, lroot)
             stem = posixpath.splitext(lrel)[0]
             key = stem_to_key.get(stem)
@@ -178,7 +215,7 @@ def scan(
             if key in bad:
                 continue
             try:
-                s = scale_of(sizes[key], header_size(lfs, lpath), mod_crop)
+                s = scale_of(sizes[key], header_size(lfs, lpath, posixpath.splitext(lpath)[1]), mod_crop)
                 if suffix_scale is not None and suffix_scale != s:
                     raise ValueError(f"name says x{suffix_scale} but the size ratio is {s}")
                 if dir_scale is not None and s != dir_scale:
@@ -215,6 +252,7 @@ def scan(
                 hr_rel=hr_rel[key],
                 hr_size=sizes[key],
                 lr=tuple(sorted(lr_of[key])),
+                stamps=(hr_stamps[hr_path], *(stamps[u] for _, u, _ in sorted(lr_of[key]))),
             )
         )
     if lr_urls and pairs:
