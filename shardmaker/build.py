@@ -10,6 +10,7 @@ A rerun finds the recorded, complete shards, keeps them, and continues after the
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -26,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 import shardmaker
-from shardmaker import storage
+from shardmaker import outdir, storage
 from shardmaker.errors import BuildError
 from shardmaker.format.manifest import FORMAT, MANIFEST, Manifest, ManifestError, ShardInfo
 from shardmaker.format.manifest import parse as parse_manifest, shard_path
@@ -195,6 +196,8 @@ class _Output:
             doc = self.read_json(name)
             if doc is None:
                 continue
+            if not isinstance(doc, dict) or not isinstance(doc.get("build", {}), dict):
+                return None, f"{self.path(name)} is not a wdsr manifest"
             if doc.get("build", {}).get("fingerprint") == self.fp:
                 return Manifest.from_json(doc, where=self.path(name), allow_empty=True), None
             if name == MANIFEST or self.opts.part is not None:
@@ -213,25 +216,55 @@ class _Output:
             name = p.rsplit("/", 1)[-1]
             if name.endswith(".json") and self._ours(name[: -len(".json")]):
                 try:
-                    found[name[: -len(".json")]] = json.loads(storage.read_bytes(self.fs, p))
-                except ValueError:
+                    doc = json.loads(storage.read_bytes(self.fs, p))
+                except (ValueError, RecursionError):
                     continue
+                if isinstance(doc, dict) and {"fingerprint", "shard", "next_sample"} <= set(doc):
+                    found[name[: -len(".json")]] = doc  # a build record of ours; anything else is left alone
         return found
+
+    def conflict(self, conflict: str | None) -> str | None:
+        """Why the folder holds something other than this build (None: empty, or ours to resume)."""
+        states = self.states()
+        recorded = {n for n, s in states.items() if s.get("fingerprint") == self.fp}
+        foreign = sorted(set(states) - recorded)
+        strays = [n for n in self.listing() if self._ours(n) and n not in recorded]
+        if conflict is None and foreign:
+            conflict = f"holds an unfinished build of a different dataset ({foreign[0]})"
+        if conflict is None and strays and not recorded:
+            conflict = f"already holds shards ({strays[0]}, ...) that this build did not write"
+        return conflict
+
+    def replaceable(self, extra_known: set[str] = frozenset()) -> tuple[set[str], list[str]]:
+        """``(names to delete, build records to delete)`` of the dataset in the folder: only what a
+        wdsr manifest or record lists; shard-named files nobody lists make it a refusal."""
+        names = self.listing()
+        records = self.states()
+        parts = [n for n in names if n.startswith("manifest.part-") and n.endswith(".json")]
+        if self.opts.part is not None:
+            parts = [n for n in parts if n == self.final_name]
+            records = {k: v for k, v in records.items() if self._ours(k)}
+        listed = outdir.listed_names(self.fs, self.root, self.opts.out, parts, records)
+        strays = [n for n in names if self._ours(n) and n not in listed and n not in extra_known]
+        if strays:
+            raise BuildError(f"{self.opts.out}: holds {strays[0]}, named like a shard, that no wdsr manifest or "
+                             "build record lists; refusing to delete it, even with --overwrite")
+        if self.opts.part is None:
+            listed.discard(self.final_name)  # the whole-build swap writes it last
+        return listed, [f"{k}.json" for k in records]
 
     def prepare(self, conflict: str | None) -> tuple[list[ShardInfo], int, list[Skipped]]:
         """Check the folder; return the reusable finished shards, samples done, skips so far."""
         states = self.states()
         names = self.listing()
-        recorded = {n for n, s in states.items() if s.get("fingerprint") == self.fp}
-        foreign = sorted(set(states) - recorded)
-        strays = [n for n in names if self._ours(n) and n not in recorded]
-        if conflict is None and foreign:
-            conflict = f"holds an unfinished build of a different dataset ({foreign[0]})"
-        if conflict is None and strays and not recorded:
-            conflict = f"already holds shards ({strays[0]}, ...) that this build did not write"
-        if conflict is not None:
+        if conflict is not None:  # a part build with --overwrite: delete only what wdsr lists, in place
             self._refuse(conflict)
-            self._clear(names)
+            doomed, records = self.replaceable()
+            log.warning("--overwrite: removing the previous part in %s", self.opts.out)
+            for n in doomed:
+                storage.discard(self.fs, self.path(n))
+            for r in records:
+                storage.discard(self.fs, storage.join(self.state_root, r))
             states = {}
         for n in names:  # stale temp files from a killed build
             if n.endswith(storage.PARTIAL_SUFFIX) and (self._ours(n[: -len(storage.PARTIAL_SUFFIX)]) or n.startswith("manifest")):
@@ -256,16 +289,6 @@ class _Output:
             done = int(st["next_sample"])
             skipped = [Skipped(**x) for x in st.get("skipped", [])]
         return reused, done, skipped
-
-    def _clear(self, names: list[str]) -> None:
-        log.warning("--overwrite: removing the previous dataset in %s", self.opts.out)
-        storage.discard(self.fs, self.path(MANIFEST))
-        storage.discard(self.fs, self.path(self.final_name))
-        for n in names:
-            if self._ours(n) or (self.opts.part is None and n.startswith("manifest.part-")):
-                storage.discard(self.fs, self.path(n))
-        for name in self.states():
-            storage.discard(self.fs, storage.join(self.state_root, name + ".json"))
 
     def record(self, info: ShardInfo, next_sample: int, skipped: list[Skipped]) -> None:
         doc = {
@@ -329,17 +352,29 @@ def build(opts: BuildOptions) -> BuildResult:
     elif opts.sample.lr_method == PROVIDED:
         raise BuildError("lr_method 'provided' needs LR folders (--lr)")
     fp = fingerprint(pairs, opts)
-    todo_all = order_samples(pairs, opts.seed, opts.part)
     out = _Output(opts, fp)
-    manifest_path = out.path(out.final_name)
+    outdir.refuse_dangerous(out.fs, out.root, opts.out)
     if out.fs.exists(out.root) and not out.fs.isdir(out.root):
         raise BuildError(f"{opts.out}: is a file, not a folder for shards")
+    lock = ".shardmaker.lock" if opts.part is None else f".shardmaker-part-{opts.part[0]:04d}.lock"
+    with outdir.locked(out.fs, out.root, opts.out, lock):
+        return _build_locked(opts, out, pairs, skipped_scan, t0)
 
+
+def _build_locked(opts: BuildOptions, out: _Output, pairs: list[Pair], skipped_scan: list[Skipped], t0: float) -> BuildResult:
+    fp = out.fp
+    todo_all = order_samples(pairs, opts.seed, opts.part)
+    manifest_path = out.path(out.final_name)
     done_manifest, conflict = out.finished()
     if done_manifest is not None:
         log.info("%s is already built (same sources and flags); nothing to do", manifest_path)
         return BuildResult(manifest_path, done_manifest.samples, len(done_manifest.shards), done_manifest.bytes,
                            len(done_manifest.shards), skipped_scan, time.perf_counter() - t0, opts.part is None)
+    conflict = out.conflict(conflict)
+    staging = out.path(outdir.STAGING)
+    if opts.part is None and (conflict is not None or out.fs.exists(storage.join(staging, MANIFEST))):
+        out._refuse(conflict or "holds an unfinished replacement")
+        return _replace(opts, out, staging)
 
     shards, start, skipped = out.prepare(conflict)
     if shards:
@@ -395,6 +430,19 @@ def build(opts: BuildOptions) -> BuildResult:
     out.cleanup(shards)
     return BuildResult(manifest_path, manifest.samples, len(shards), manifest.bytes, reused, skipped_all,
                        time.perf_counter() - t0, opts.part is None)
+
+
+def _replace(opts: BuildOptions, out: _Output, staging: str) -> BuildResult:
+    """``--overwrite`` of a whole dataset: build the new one in OUT/_staging (resumable there), and
+    only once it is complete swap it in; a failed build leaves the old dataset as it was."""
+    known: set[str] = set()
+    with contextlib.suppress(FileNotFoundError, ManifestError):
+        known = {s.name for s in parse_manifest(storage.read_bytes(out.fs, storage.join(staging, MANIFEST)), staging).shards}
+    doomed, records = out.replaceable(known)
+    log.warning("--overwrite: building the new dataset in %s; the old one stays until it is complete", staging)
+    res = build(dataclasses.replace(opts, out=storage.url_of(out.fs, staging), overwrite=False))
+    outdir.swap_in(out.fs, out.root, staging, doomed, records)
+    return dataclasses.replace(res, manifest_path=out.path(MANIFEST))
 
 
 def _close(writer: ShardWriter, out: _Output, next_sample: int, skipped: list[Skipped]) -> ShardInfo:
