@@ -210,7 +210,8 @@ def test_cache_fills_once_then_serves_later_epochs_locally(s3, s3_photo_shards, 
     assert proxy.gets == gets  # epoch 1 sent no GET to S3
     second = ds.stats.totals()
     assert second["cache_misses"] == first["cache_misses"] and second["cache_hits"] > first["cache_hits"]
-    assert sorted(p.name.split("-", 1)[1] for p in cache.iterdir() if p.suffix == ".tar") == sorted(s.name for s in m.shards)
+    held = (cache / "wdsr-shard-cache").iterdir()  # the cache's own subfolder
+    assert sorted(p.name.split("-", 1)[1] for p in held if p.suffix == ".tar") == sorted(s.name for s in m.shards)
 
 
 def test_cache_evicts_least_recently_used_under_its_limit(s3, s3_photo_shards, photo_shards, tmp_path):
@@ -244,11 +245,11 @@ def test_cache_is_filled_by_one_process_at_a_time(s3, s3_photo_shards, proxy, tm
 
 def test_a_killed_fill_leaves_no_torn_file(s3, s3_photo_shards, proxy, tmp_path):
     m = load(s3_photo_shards)
-    cache = tmp_path / "c"
+    cache = tmp_path / "c" / "wdsr-shard-cache"
     ctx = mp.get_context("spawn")
     proxy.stall(10_000, seconds=30, times=1, match=m.shards[0].name.encode())
     q = ctx.Queue()  # held here until the child has it
-    p = ctx.Process(target=_fill, args=(s3_photo_shards, proxy.endpoint, str(cache), 0, q))
+    p = ctx.Process(target=_fill, args=(s3_photo_shards, proxy.endpoint, str(cache.parent), 0, q))
     p.start()
     deadline = time.monotonic() + 60
     while not list(cache.glob("*.partial")) and time.monotonic() < deadline:
@@ -257,7 +258,7 @@ def test_a_killed_fill_leaves_no_torn_file(s3, s3_photo_shards, proxy, tmp_path)
     p.join(10)
     assert list(cache.glob("*.partial")) and not list(cache.glob("*.tar"))
     proxy.clear()
-    ds = dataset(s3_photo_shards, cache_dir=str(cache))
+    ds = dataset(s3_photo_shards, cache_dir=str(cache.parent))
     path, downloaded = ds.reader.cache.fill(m.shards[0], lambda w: w(bytes(_remote(ds, m.shards[0]).read(0, m.shards[0].bytes))))
     assert downloaded and hashlib.sha256(path.read_bytes()).hexdigest() == m.shards[0].sha256
     assert not list(cache.glob("*.partial"))
