@@ -37,7 +37,7 @@ from shardmaker.writer import ShardWriter
 
 log = logging.getLogger(__name__)
 STATE_DIR = "_build"
-WRITER_REVISION = 3  # bump when the bytes written for the same inputs change (3: xxh3_64 in {key}.json)
+WRITER_REVISION = 4  # bump when the bytes written for the same inputs change (3: xxh3_64 in {key}.json; 4: probe)
 _SHARD_RE = re.compile(r"^shard-(?:\d{4}-)?\d{6}\.tar$")
 
 

@@ -1,6 +1,7 @@
 """Stream samples into one tar shard, published atomically with its sha256 and offsets."""
 from __future__ import annotations
 
+import collections
 import hashlib
 
 import fsspec
@@ -8,7 +9,7 @@ import fsspec
 from shardmaker import storage
 from shardmaker.format import tario
 from shardmaker.errors import BuildError
-from shardmaker.format.manifest import ShardInfo
+from shardmaker.format.manifest import PROBE_BYTES, ShardInfo, probe_of
 from shardmaker.sample import EncodedSample
 
 
@@ -24,6 +25,9 @@ class ShardWriter:
         self.path = storage.join(root, name)
         self.temp = storage.temp_name(fs, self.path)
         self._sha = hashlib.sha256()
+        self._head = bytearray()  # first and last MiB, for the manifest's probe
+        self._tail: collections.deque[bytes] = collections.deque()
+        self._tail_bytes = 0
         self.offset = 0
         self.keys: list[str] = []
         self.offsets: list[int] = []
@@ -44,6 +48,12 @@ class ShardWriter:
             raise BuildError(f"write to {self.temp} failed: {exc}") from None
         self._sha.update(data)
         self.offset += len(data)
+        if len(self._head) < PROBE_BYTES:
+            self._head += data[: PROBE_BYTES - len(self._head)]
+        self._tail.append(data)
+        self._tail_bytes += len(data)
+        while self._tail_bytes - len(self._tail[0]) >= PROBE_BYTES:
+            self._tail_bytes -= len(self._tail.popleft())
 
     def add(self, sample: EncodedSample) -> None:
         self.keys.append(sample.key)
@@ -65,6 +75,7 @@ class ShardWriter:
             keys=self.keys,
             offsets=self.offsets,
             hr_sizes=self.hr_sizes,
+            probe=probe_of(self._head, b"".join(self._tail)[-PROBE_BYTES:]),
         )
 
     def publish(self) -> None:

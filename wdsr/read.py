@@ -86,6 +86,7 @@ class ShardReader:
         self.storage_options = dict(storage_options or {})
         self.cache = ShardCache(self.options.cache_dir, self.options.cache_limit) if self.options.cache_dir else None
         self.counts: Counter[str] = Counter()
+        self._probed: set[tuple] = set()  # local shard files whose probe matched (path, inode, mtime, size)
         self._fs = None
         self._root = ""
         self._pid = 0
@@ -199,6 +200,8 @@ class ShardReader:
             if size != info.bytes:
                 raise SampleError(info.name, None, f"shard has {size} bytes, the manifest says {info.bytes} (truncated or replaced)")
         with (opener() if opener else fs.open(path, "rb")) as f:
+            if not checked and info.probe is not None:
+                self._check_probe(f, path, info)
             f.seek(info.offsets[span.start])
             for i in range(span.start, span.stop):
                 begin, end = _bounds(info, i)
@@ -208,6 +211,22 @@ class ShardReader:
                 nbytes = sum(len(v) for v in members.values())
                 yield RawSample(info.name, info.keys[i], i, span.rep, members, nbytes, time.perf_counter_ns() - t0,
                                 Span(span.shard, i, i + 1, span.rep), tuple(info.hr_sizes[i]))
+
+    def _check_probe(self, f: Any, path: str, info: ShardInfo) -> None:
+        """Is this file the shard the manifest lists (not another build's of the same size)?
+        First and last MiB against the manifest's probe, once per process and file version."""
+        try:
+            st = os.stat(path)
+            version = (path, st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            version = None
+        if version is not None and version in self._probed:
+            return
+        if mf.probe_file(f, info.bytes) != info.probe:
+            raise SampleError(info.name, None, "shard is not the one the manifest lists (its first/last MiB differ: "
+                              "replaced by another build?)")
+        if version is not None:
+            self._probed.add(version)
 
     def _range_span(self, rf: remote.RemoteFile, info: ShardInfo, span: Span, wanted: frozenset[str]) -> Iterator[RawSample]:
         """One range read per sample; ``read_ahead`` samples are on their way while one is decoded."""
