@@ -49,8 +49,23 @@ def parse_part(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line (exit 2), pointing at --help instead of printing the whole usage."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace | int:
+    """The parsed arguments, or the exit status of --help (0) / a usage error (2) for main() to return."""
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="shardmaker",
         description="Pack HR/LR super-resolution image pairs into deterministic WebDataset tar shards "
         "(format wdsr-shards/1) with a manifest of samples, byte offsets and sha256 hashes.",
@@ -142,7 +157,9 @@ def _build(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     if argv is None and hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `shardmaker info URL | head` ends quietly
-    args = _parser().parse_args(argv)
+    args = parse_args(_parser(), argv)
+    if isinstance(args, int):
+        return args
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="shardmaker: %(message)s")
     try:
         if args.cmd == "build":

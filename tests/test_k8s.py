@@ -153,4 +153,4 @@ def test_local_dev_jobs_build_merge_and_train_from_s3(s3, tmp_path):
     assert all(0 <= r["data_wait"] <= 1 and r["patches_per_s"] > 0 for r in records if "loss" in r)
     # the config file's /scratch paths reached the pod's own scratch volume (mapped here), not the host's
     assert (tmp_path / "wdsr-train-0" / "scratch" / "logs" / "metrics.jsonl").exists()
-    assert list((tmp_path / "wdsr-train-1" / "scratch" / "shard-cache").glob("*.tar"))
+    assert list((tmp_path / "wdsr-train-1" / "scratch" / "shard-cache").rglob("*.tar"))

@@ -8,18 +8,12 @@ import signal
 import sys
 from typing import Any
 
+from shardmaker.cli import OneLineParser, parse_args
 from wdsr.trainconfig import DEFAULT_STEPS
 
 
-class _Parser(argparse.ArgumentParser):
-    """Usage errors as one line (exit 2), pointing at --help instead of printing the whole usage."""
-
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="wdsr", description="Stream aligned SR patch batches from wdsr-shards/1 datasets.")
+    p = OneLineParser(prog="wdsr", description="Stream aligned SR patch batches from wdsr-shards/1 datasets.")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     b = sub.add_parser("bench", help="measure patches/s, MB/s read, decode share and memory per worker",
                        description="Stream a dataset for --seconds and print a table (after a short warm-up). "
@@ -161,10 +155,9 @@ def _preview(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     if argv is None and hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a usage error (2): a status, for callers of main() too
-        return int(exc.code or 0)
+    args = parse_args(_parser(), argv)
+    if isinstance(args, int):  # --help (0) or a usage error (2)
+        return args
     logging.basicConfig(level=logging.INFO, format="wdsr: %(message)s")
     try:
         return {"bench": _bench, "preview": _preview, "train": _train}[args.cmd](args)
