@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -29,7 +30,8 @@ from shardmaker.format.manifest import MANIFEST, ManifestError, ShardInfo, parse
 
 log = logging.getLogger(__name__)
 STAGING = "_staging"
-_REPLACES = "replaces.json"  # in the staging folder: what the swap deletes, so a crashed swap can finish
+_REPLACES = "replaces.json"
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,250}")  # one file name: what swap_in may delete  # in the staging folder: what the swap deletes, so a crashed swap can finish
 
 
 @contextlib.contextmanager
@@ -123,10 +125,11 @@ def swap_in(fs: fsspec.AbstractFileSystem, root: str, staging: str, old_names: s
     new_names = {s.name for s in new.shards}
     storage.discard(fs, storage.join(root, MANIFEST))
     for name in noted["names"]:
-        if name != MANIFEST and name not in new_names:
+        if name != MANIFEST and name not in new_names and _PLAIN.fullmatch(name) and ".." not in name:
             storage.discard(fs, storage.join(root, name))
     for rec in noted["records"]:
-        storage.discard(fs, storage.join(root, f"_build/{rec}"))
+        if _PLAIN.fullmatch(rec) and ".." not in rec:
+            storage.discard(fs, storage.join(root, f"_build/{rec}"))
     for s in new.shards:
         src, dst = storage.join(staging, s.name), storage.join(root, s.name)
         if fs.exists(src):
