@@ -90,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="matlab (default): imresize on im2double input, rounded once (BasicSR); matlab-uint8: "
                    "imresize on uint8 input, rounded after each pass (Set5/Set14/RCAN test sets)")
     b.add_argument("--codec", choices=[c.value for c in Codec], default=Codec.PNG.value,
-                   help="png (default): 8/16-bit, grey/RGB; qoi: 8-bit RGB only, ~3x faster to decode, ~25%% larger")
+                   help="png (default): 8/16-bit, grey/RGB; qoi: 8-bit RGB only, 2.4-2.8x faster to decode, ~25%% larger")
     b.add_argument("--png-level", type=int, default=1, choices=range(10), metavar="0-9",
                    help="zlib level (default 1: run-length deflate, ~5x faster to encode than level 6)")
     b.add_argument("--shard-size", type=parse_size, default=parse_size("256MB"), help="start a new shard past this size (default 256MB; units kB, MB, GB, KiB, MiB, GiB)")

@@ -61,11 +61,8 @@ class RunDir:
     def has_checkpoints(self) -> bool:
         return self.latest() is not None or bool(self.checkpoints())
 
-    def start(self, config: dict[str, Any], resume: bool) -> None:
-        """Refuse a folder holding another run unless resuming; record this run's settings."""
-        if not resume and (self.has_checkpoints() or self.run_info() is not None):
-            raise RunError(f"{self.url} already holds a training run (run.json / checkpoints); pass --resume to "
-                           "continue it, or choose another --out")
+    def start(self, config: dict[str, Any]) -> None:
+        """Record this run's settings (the caller has refused a folder holding another run)."""
         self._write("run.json", json.dumps({"format": FORMAT, "config": config}, indent=1).encode())
 
     # ---- checkpoints --------------------------------------------------------------------------

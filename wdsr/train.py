@@ -167,8 +167,9 @@ def train(cfg: TrainConfig) -> int:
     resume_state = run.load_latest() if cfg.resume else None
     if resume_state is not None:
         _check_resume(resume_state, cfg, run)
-    elif not cfg.resume and run.has_checkpoints():
-        raise RunError(f"{cfg.out} already holds checkpoints of a training run; pass --resume to continue it")
+    elif not cfg.resume and (run.has_checkpoints() or run.run_info() is not None):  # every rank checks: none hangs
+        raise RunError(f"{cfg.out} already holds a training run (checkpoints or run.json); pass --resume to "
+                       "continue it, or choose another --out")
     if cfg.check:
         at = f"resume at step {resume_state['step']}" if resume_state is not None else "start at step 0"
         print(f"wdsr train --check: OK: {train_ds.manifest.samples} samples x{cfg.scale} in {cfg.data}; "
@@ -228,7 +229,7 @@ def _loop(cfg: TrainConfig, ctx: Ctx, run: RunDir, train_ds: SRDataset, val_ds: 
         run_model = nn.parallel.DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
     metrics = None
     if ctx.rank == 0:
-        run.start(cfg.dict, cfg.resume)
+        run.start(cfg.dict)
         metrics = MetricsLog(run, cfg)
         log.info("training %s x%d on %s: %d batches/epoch/rank, %d ranks, %d steps, amp %s, device %s",
                  cfg.model.value, cfg.scale, cfg.data, per_epoch, ctx.world, total,
