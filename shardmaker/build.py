@@ -384,11 +384,13 @@ def _build_locked(opts: BuildOptions, out: _Output, pairs: list[Pair], skipped_s
     reused = len(shards)
     bar = tqdm(total=len(todo_all), initial=start, unit="img", desc="build", disable=not opts.progress, dynamic_ncols=True)
     writer: ShardWriter | None = None
+    encoded: Iterator[EncodedSample | Skipped] | None = None
     written = 0
     t_start = time.perf_counter()
     try:
         index = start
-        for item in _encoded(todo, opts):
+        encoded = _encoded(todo, opts)
+        for item in encoded:
             index += 1
             if isinstance(item, Skipped):
                 log.warning("skipping %s: %s", item.path, item.reason)
@@ -415,6 +417,8 @@ def _build_locked(opts: BuildOptions, out: _Output, pairs: list[Pair], skipped_s
             writer.abort()
         raise
     finally:
+        if encoded is not None:
+            encoded.close()  # on an error: shut the encoding processes down now, not at garbage collection
         bar.close()
     if not shards and todo_all:
         raise BuildError(f"{opts.hr_src}: every sample was skipped; nothing to write")

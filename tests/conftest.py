@@ -142,3 +142,43 @@ def s3_photo_shards(s3, photo_src) -> str:
     url = f"s3://{S3_BUCKET}/photos"
     build_shards(photo_src, url, "--scale", "2,4", "--max-samples", "3")
     return url
+
+
+# ---- no process outlives the suite ------------------------------------------------------------------
+def children(pid: int | None = None) -> list[tuple[int, str]]:
+    """Live child processes of ``pid`` (default: this one) as (pid, command line), from /proc."""
+    pid = os.getpid() if pid is None else pid
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            ppid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+            state = next(line.split()[1] for line in status.splitlines() if line.startswith("State:"))
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, StopIteration, ValueError):
+            continue
+        if ppid == pid and state != "Z" and "resource_tracker" not in cmd:  # multiprocessing's own helper lives to exit
+            found.append((int(entry.name), cmd))
+    return found
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import time
+
+    deadline = time.monotonic() + 10  # give exiting children a moment
+    left = children()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = children()
+    if left:
+        lines = "\n".join(f"  pid {pid}: {cmd[:200]}" for pid, cmd in left)
+        print(f"\nERROR: {len(left)} process(es) started by the tests outlived them (a test did not reap "
+              f"what it started):\n{lines}")
+        for pid, _ in left:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        session.exitstatus = 1
