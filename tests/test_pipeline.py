@@ -282,11 +282,12 @@ def test_shared_slot_handoff_gives_the_same_batches(photo_shards):
     def batches(pool: bool) -> list[str]:
         ds = wdsr.SRDataset(str(photo_shards), scale=2, patch_size=32, patches_per_image=8, batch_size=4,
                             shuffle_buffer=16, seed=9)
-        loader = wdsr.make_loader(ds, num_workers=2, persistent_workers=False, prefetch_factor=2)
-        assert ds.handoff is not None and ds.handoff.slots == 4
-        if not pool:
-            ds.handoff = None  # workers then send tensors the usual torch way
-        out = [digest(lr) + digest(hr) for lr, hr in loader]
+        loader = wdsr.make_loader(ds, num_workers=2, persistent_workers=False, prefetch_factor=2, shared_slots=pool)
+        assert (loader._pool is not None and loader._pool.slots == 4) if pool else loader._pool is None
+        out = []
+        for lr, hr in loader:
+            assert lr.is_shared() != pool  # slots are copied out into private memory; torch's path stays shared
+            out.append(digest(lr) + digest(hr))
         assert len(out) == len(loader) > 2 * 4  # more batches than both workers' slots: slots were recycled
         return out
 

@@ -83,8 +83,13 @@ def _batches(inner: Any, pool: BatchPool | None, pin: bool, persistent: bool) ->
 
 
 def make_loader(dataset: SRDataset, num_workers: int = 4, pin_memory: bool | None = None,
-                prefetch_factor: int = 4, persistent_workers: bool = True, **kwargs: Any) -> SRLoader:
-    """Batches come ready-made from the workers (``batch_size=None``); keep them uint8 until on the device."""
+                prefetch_factor: int = 4, persistent_workers: bool = True, shared_slots: bool = True,
+                **kwargs: Any) -> SRLoader:
+    """Batches come ready-made from the workers (``batch_size=None``); keep them uint8 until on the device.
+
+    ``shared_slots`` (default): workers hand batches over through recycled shared-memory slots;
+    False: torch's own path (a new shared-memory segment per batch), for comparison.
+    """
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
     dataset.num_workers = num_workers
@@ -96,7 +101,7 @@ def make_loader(dataset: SRDataset, num_workers: int = 4, pin_memory: bool | Non
     if num_workers > 0:
         extra = {"prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers,
                  "worker_init_fn": _worker_init}
-        if dataset.opts.split is Split.TRAIN:
+        if dataset.opts.split is Split.TRAIN and shared_slots:
             # slots: the batches a worker may have in flight, plus the one being copied out
             dataset.handoff = BatchPool(num_workers, prefetch_factor + 2, _batch_bytes(dataset))
     if dataset.handoff is not None:  # the copy out of the slot goes straight into pinned memory
