@@ -30,9 +30,10 @@ def current_world(environ: Mapping[str, str] | None = None) -> World:
     env = os.environ if environ is None else environ
     if "WORLD_SIZE" in env or "RANK" in env:
         try:
-            return World(int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")))
+            rank, size = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
         except ValueError:
             raise ValueError(f"RANK={env.get('RANK')!r} / WORLD_SIZE={env.get('WORLD_SIZE')!r} are not integers") from None
+        return World(rank, size)
     return World()
 
 

@@ -1,0 +1,158 @@
+"""The pipeline stages alone, each against a property: shuffle, augment, patches, handoff, env."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import photos
+from wdsr import env
+from wdsr.augment import N_DIHEDRAL, dihedral_view, to_chw
+from wdsr.decode import DecodedPair
+from wdsr.errors import SampleError
+from wdsr.handoff import BatchPool, is_slot
+from wdsr.patches import PatchSpec, cut_patches
+from wdsr.plan import Span
+from wdsr.shuffle import shuffled
+
+
+# ---- shuffle ----------------------------------------------------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(0, 300), size=st.integers(0, 64), seed=st.integers(0, 2**32 - 1))
+def test_shuffle_is_a_permutation_that_never_lets_an_item_out_early(n, size, seed):
+    out = list(shuffled(range(n), size, np.random.default_rng(seed)))
+    assert sorted(out) == list(range(n))  # every item exactly once
+    pos = {item: i for i, item in enumerate(out)}
+    for i in range(n):  # an item can leave only after it entered: at most size - 1 places early
+        assert pos[i] >= i - size + 1 if size > 1 else pos[i] == i
+    assert out == list(shuffled(range(n), size, np.random.default_rng(seed)))  # seeded: the same order again
+
+
+def test_shuffle_mixes_within_its_window():
+    n, size = 2000, 64
+    out = np.array(list(shuffled(range(n), size, np.random.default_rng(0))))
+    displacement = np.abs(out - np.arange(n))
+    assert displacement.mean() > size / 4  # mixed ...
+    assert np.mean(displacement > 20 * size) < 0.01  # ... but locally: the buffer is a window, not a global shuffle
+
+
+# ---- augment ----------------------------------------------------------------------------------------
+def _asym(h: int = 5, w: int = 7, c: int | None = 3) -> np.ndarray:
+    shape = (h, w) if c is None else (h, w, c)
+    return np.arange(np.prod(shape), dtype=np.int64).reshape(shape)
+
+
+def _which(a: np.ndarray, v: np.ndarray) -> int:
+    hits = [t for t in range(N_DIHEDRAL) if dihedral_view(a, t).shape == v.shape and (dihedral_view(a, t) == v).all()]
+    assert len(hits) == 1
+    return hits[0]
+
+
+def test_the_eight_transforms_are_distinct_and_form_a_group():
+    a = _asym(6, 6)
+    views = [dihedral_view(a, t) for t in range(N_DIHEDRAL)]
+    assert len({v.tobytes() for v in views}) == N_DIHEDRAL
+    assert (views[0] == a).all()
+    for t1 in range(N_DIHEDRAL):
+        inverses = 0
+        for t2 in range(N_DIHEDRAL):
+            composed = dihedral_view(dihedral_view(a, t1), t2)
+            t3 = _which(a, composed)  # closure: the composition is one of the eight
+            inverses += t3 == 0
+        assert inverses == 1  # each has exactly one inverse
+    with pytest.raises(ValueError):
+        dihedral_view(a, 8)
+
+
+@pytest.mark.parametrize("t", range(N_DIHEDRAL))
+@pytest.mark.parametrize("s", [2, 3, 4])
+def test_transforms_keep_hr_and_lr_aligned(t, s):
+    lr = _asym(4, 6)
+    hr = np.kron(lr, np.ones((s, s, 1), dtype=lr.dtype))  # nearest upscale: HR[s*y + i, s*x + j] = LR[y, x]
+    assert (dihedral_view(hr, t) == np.kron(dihedral_view(lr, t), np.ones((s, s, 1), dtype=lr.dtype))).all()
+
+
+def test_to_chw_is_a_contiguous_channel_first_copy():
+    a = dihedral_view(_asym(4, 6), 5)
+    c = to_chw(a)
+    assert c.flags.c_contiguous and c.shape == (3, a.shape[0], a.shape[1]) and (c == a.transpose(2, 0, 1)).all()
+    g = to_chw(_asym(4, 6, None))
+    assert g.shape == (1, 4, 6)
+    assert not np.shares_memory(c, a)
+
+
+# ---- patches ----------------------------------------------------------------------------------------
+def _pair(s: int, key: str = "k") -> DecodedPair:
+    lr = np.ascontiguousarray(photos()[0][::8, ::8][:40, :48])
+    hr = np.kron(lr, np.ones((s, s, 1), dtype=np.uint8))
+    return DecodedPair("shard-000000.tar", key, 0, hr, lr, 0, 0, Span(0, 0, 1))
+
+
+@pytest.mark.parametrize("s", [2, 4])
+def test_patches_are_aligned_and_do_not_depend_on_how_they_are_asked_for(s):
+    spec = PatchSpec(s, 8 * s)
+    pair = _pair(s)
+    all5, _ = cut_patches(pair, spec, seed=3, epoch=1, first=0, count=5)
+    for p in all5:
+        assert p.lr.shape == (3, 8, 8) and p.hr.shape == (3, 8 * s, 8 * s)
+        assert (p.hr == np.kron(p.lr, np.ones((1, s, s), dtype=np.uint8))).all()  # HR patch = s x its LR patch
+    later, _ = cut_patches(pair, spec, seed=3, epoch=1, first=2, count=3)
+    assert [p.lr.tobytes() for p in later] == [p.lr.tobytes() for p in all5[2:]]  # patch j is patch j, however cut
+    other_epoch, _ = cut_patches(pair, spec, seed=3, epoch=2, first=0, count=5)
+    assert [p.lr.tobytes() for p in other_epoch] != [p.lr.tobytes() for p in all5]
+
+
+def test_patch_spec_and_small_images_are_refused_clearly():
+    with pytest.raises(ValueError, match="multiple of scale"):
+        PatchSpec(4, 30)
+    with pytest.raises(SampleError, match="smaller than the LR patch"):
+        cut_patches(_pair(2), PatchSpec(2, 2 * 64), 0, 0, 0, 1)
+
+
+def test_flat_patches_are_rejected_when_asked():
+    pair = _pair(2)
+    pair.lr[:, :24] = 0  # a black border over half the image
+    pair.hr[:, :48] = 0
+    plain, _ = cut_patches(pair, PatchSpec(2, 16, augment=False), 0, 0, 0, 64)
+    picky, rejected = cut_patches(pair, PatchSpec(2, 16, augment=False, min_patch_std=5.0, max_tries=20), 0, 0, 0, 64)
+    flat = lambda ps: sum(float(p.lr.std()) < 5.0 for p in ps)  # noqa: E731
+    assert flat(plain) > 10 and flat(picky) < flat(plain) and rejected > 0
+
+
+# ---- handoff ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
+def test_batch_pool_round_trips_and_recycles_its_slots(dtype):
+    rng = np.random.default_rng(0)
+    top = np.iinfo(dtype).max
+    lr = [rng.integers(0, top, (3, 4, 4), dtype=dtype) for _ in range(2)]
+    hr = [rng.integers(0, top, (3, 8, 8), dtype=dtype) for _ in range(2)]
+    nbytes = sum(a.nbytes for a in lr + hr)
+    pool = BatchPool(workers=2, slots=2, slot_bytes=nbytes)
+    metas = [pool.put(1, lr, hr, None) for _ in range(2)]
+    assert all(is_slot(m) for m in metas)
+    assert pool.put(1, lr, hr, None) is None  # both of worker 1's slots are busy
+    assert pool.put(0, lr, hr, ["a", "b"]) is not None  # worker 0 has its own
+    got_lr, got_hr = pool.take(metas[0], pin=False)
+    as_np = got_lr.numpy() if dtype == np.uint8 else got_lr.view(torch.int16).numpy().view(np.uint16)
+    assert as_np.dtype == dtype and (as_np == np.stack(lr)).all()
+    assert got_hr.shape == (2, 3, 8, 8)
+    assert pool.put(1, lr, hr, None) is not None  # the slot taken is free again
+    assert pool.put(1, lr, hr + hr, None) is None  # does not fit: the caller falls back to torch's path
+    with pytest.raises(RuntimeError, match="another loader"):
+        BatchPool(2, 2, nbytes).take(metas[1], pin=False)
+
+
+# ---- env --------------------------------------------------------------------------------------------
+def test_world_comes_from_the_environment_it_is_given():
+    assert env.current_world({}) == env.World(0, 1)
+    assert env.current_world({"RANK": "3", "WORLD_SIZE": "4"}) == env.World(3, 4)
+    with pytest.raises(ValueError, match="not integers"):
+        env.current_world({"RANK": "x", "WORLD_SIZE": "2"})
+    with pytest.raises(ValueError, match="not in a world"):
+        env.current_world({"RANK": "2", "WORLD_SIZE": "2"})
+    assert env.local_rank({"LOCAL_RANK": "5"}) == 5 and env.local_rank({}) == 0
+    with pytest.raises(ValueError):
+        env.local_rank({"LOCAL_RANK": "gpu0"})
+    assert env.current_worker() == (0, 1)  # outside a DataLoader worker
