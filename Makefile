@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 TORCH  := torch==2.13.0
 
-.PHONY: demo test
+.PHONY: demo test test-fast
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,3 +18,7 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
+
+# the edit-test loop: no S3 server, no torchrun or other multi-process tests (CI runs `make test`)
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not slow and not s3"

@@ -107,6 +107,13 @@ def mcmaster_shards(tmp_path_factory) -> Path:
 S3_BUCKET = "wdsr-test"
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests that need the S3 server get the ``s3`` marker (``make test-fast`` leaves them out)."""
+    for item in items:
+        if "s3" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.s3)
+
+
 def pytest_report_header(config) -> str:
     from tests.s3server import weed_binary
 
