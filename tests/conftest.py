@@ -1,6 +1,7 @@
 """Shared fixtures: real photos (scikit-image's bundled set, ../shared/refdata), tiny trees."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from pathlib import Path
@@ -124,31 +125,53 @@ def pytest_report_header(config) -> str:
 
 
 @pytest.fixture(scope="session")
-def s3(tmp_path_factory):
-    """A running S3 server with the standard AWS variables pointing at it for this session."""
+def s3_server(tmp_path_factory):
+    """One S3 server for the session (started on first use, stopped and reaped at the end)."""
     from tests.s3server import S3Server
 
     server = S3Server(tmp_path_factory.mktemp("s3server")).start()
+    try:
+        with aws_env(server):
+            server.make_bucket(S3_BUCKET)
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def aws_env(server):
+    """The standard AWS variables pointing at ``server``, for as long as the block runs."""
     saved = {k: os.environ.get(k) for k in server.env()}
     os.environ.update(server.env())
     try:
-        server.make_bucket(S3_BUCKET)
-        yield server
+        yield
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        server.stop()
+
+
+@pytest.fixture()
+def s3(s3_server):
+    """The S3 server, with the AWS variables set for this test only (later tests do not see them)."""
+    with aws_env(s3_server):
+        yield s3_server
 
 
 @pytest.fixture(scope="session")
-def s3_photo_shards(s3, photo_src) -> str:
-    """``photo_shards`` built straight to S3 (same flags, so the same bytes)."""
+def _s3_photo_shards_built(s3_server, photo_src) -> str:
     url = f"s3://{S3_BUCKET}/photos"
-    build_shards(photo_src, url, "--scale", "2,4", "--max-samples", "3")
+    with aws_env(s3_server):
+        build_shards(photo_src, url, "--scale", "2,4", "--max-samples", "3")
     return url
+
+
+@pytest.fixture()
+def s3_photo_shards(s3, _s3_photo_shards_built) -> str:
+    """``photo_shards`` built straight to S3 (same flags, so the same bytes); the AWS variables are set."""
+    return _s3_photo_shards_built
 
 
 # ---- no process outlives the suite ------------------------------------------------------------------

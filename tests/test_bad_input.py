@@ -6,13 +6,12 @@ from pathlib import Path
 
 import fsspec
 import numpy as np
-import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 from PIL import Image
 
 from shardmaker.format.manifest import load as load_manifest
 from tests.conftest import photos, save
-from tests.test_build import sm
+from tests.helpers import sm
 
 
 def assert_nothing_written(out: Path) -> None:

@@ -13,19 +13,9 @@ import pytest
 
 from shardmaker import codecs
 from shardmaker.format import tario
-from shardmaker.cli import main
 from shardmaker.format.manifest import load as load_manifest
 from tests.conftest import load_rgb, needs_refdata, photos, save
-
-
-def sm(capsys, *args: str) -> tuple[int, str, str]:
-    rc = main(["-q", *map(str, args)])
-    cap = capsys.readouterr()
-    return rc, cap.out, cap.err
-
-
-def shard_hashes(out: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.glob("shard-*.tar"))}
+from tests.helpers import shard_hashes, sm
 
 
 def samples(out: Path) -> dict[str, dict[str, bytes]]:

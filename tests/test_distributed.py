@@ -1,36 +1,14 @@
 """Real multi-process runs: torchrun on 127.0.0.1 with gloo, DataLoader workers in every rank."""
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from shardmaker.format.manifest import load
+from tests.helpers import torchrun
 
 pytestmark = pytest.mark.slow
-HERE = Path(__file__).resolve().parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(nproc: int, url: str, out: Path, workers: int = 2, env: dict | None = None) -> list[dict]:
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
-           "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(HERE / "dist_worker.py"),
-           url, str(out), str(workers)]
-    full_env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=full_env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
 @pytest.mark.parametrize("nproc", [2, 3])

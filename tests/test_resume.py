@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import photos, save
-from tests.test_build import shard_hashes, sm
+from tests.helpers import shard_hashes, sm
 
 pytestmark = pytest.mark.slow
 

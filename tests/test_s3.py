@@ -266,7 +266,7 @@ def test_a_killed_fill_leaves_no_torn_file(s3, s3_photo_shards, proxy, tmp_path)
 
 @pytest.mark.slow
 def test_two_ranks_two_workers_stream_from_s3(s3, s3_photo_shards, tmp_path):
-    from tests.test_distributed import torchrun
+    from tests.helpers import torchrun
 
     reports = torchrun(2, s3_photo_shards, tmp_path / "w", env=s3.env())
     m = load(s3_photo_shards)
