@@ -124,7 +124,9 @@ def _decode_pillow(data: bytes) -> np.ndarray:
     raise ImageDataError(f"unsupported image mode {im.mode!r}")
 
 
-def _source_size(data: bytes, ext: str | None = None) -> tuple[int, int]:
+def image_size(data: bytes, ext: str | None = None) -> tuple[int, int]:
+    """``(width, height)`` from the header alone, without decoding pixels; with ``ext`` (".jpg"),
+    content of another format than the name says is an error."""
     want = _FORMATS.get(ext.lower()) if ext else None
     head = png_header(data)
     if head is not None:
@@ -147,17 +149,11 @@ def _source_size(data: bytes, ext: str | None = None) -> tuple[int, int]:
         raise ImageDataError(f"not a readable image ({exc})") from None
 
 
-def image_size(data: bytes, ext: str | None = None) -> tuple[int, int]:
-    """``(width, height)`` from the header alone, without decoding pixels; with ``ext`` (".jpg"),
-    content of another format than the name says is an error."""
-    return _source_size(data, ext)
-
-
 def load_source(data: bytes, drop_alpha: bool = False, max_pixels: int = 1 << 28, ext: str | None = None) -> np.ndarray:
     """Decode a source image (PNG/JPEG/TIFF/BMP/WebP, 8/16-bit, grey/RGB) after a size check."""
     if not data:
         raise ImageDataError("empty file")
-    w, h = _source_size(data, ext)
+    w, h = image_size(data, ext)
     check_pixels(w, h, max_pixels)
     arr = _decode_png(data) if data.startswith(PNG_SIGNATURE) else _decode_pillow(data)
     return _normalise(arr, drop_alpha)

@@ -117,11 +117,6 @@ class ShardReader:
             if s3:
                 remote.one_try(self._fs, self.storage_options)
 
-    @property
-    def is_remote(self) -> bool:
-        self._open_fs()
-        return not storage.is_local(self._fs)
-
     def take_counts(self) -> dict[str, int]:
         if self._lock is None:
             return {}
