@@ -15,7 +15,7 @@ from shardmaker import codecs
 from shardmaker.format import tario
 from shardmaker.codecs import Codec, ImageDataError
 from shardmaker.errors import InputError
-from shardmaker.format.manifest import pair_fits
+from shardmaker.format.manifest import hr_member, lr_member, pair_fits
 from shardmaker.resize import ResizeMethod, downscale
 from shardmaker.sources import Pair, Skipped
 
@@ -106,9 +106,9 @@ def encode_sample(pair: Pair, cfg: SampleConfig) -> EncodedSample:
     ext = Codec(cfg.codec).value
     members: dict[str, bytes] = {}
     try:
-        members[f"hr.{ext}"] = codecs.encode(hr, cfg.codec, cfg.png_level)
+        members[hr_member(ext)] = codecs.encode(hr, cfg.codec, cfg.png_level)
         for s, (lr, _) in lrs.items():
-            members[f"lr_x{s}.{ext}"] = codecs.encode(lr, cfg.codec, cfg.png_level)
+            members[lr_member(s, ext)] = codecs.encode(lr, cfg.codec, cfg.png_level)
     except ImageDataError as exc:
         raise InputError(pair.hr, str(exc)) from None
     bit_depth, channels = _describe(hr)

@@ -17,7 +17,7 @@ from shardmaker.format.manifest import Manifest, ShardInfo
 
 
 def _expected_members(m: Manifest) -> list[str]:
-    return ["json", f"hr.{m.codec}"] + [f"lr_x{s}.{m.codec}" for s in sorted(m.scales)]
+    return mf.sample_members(m.codec, m.scales)
 
 
 def _group(data: bytes, where: str) -> Iterator[tuple[str, int, dict[str, bytes]]]:
@@ -50,16 +50,16 @@ def _check_pair(m: Manifest, key: str, members: dict[str, bytes], hr_size: list[
         if name in members and hashlib.sha256(members[name]).hexdigest() != digest:
             problems.append(f"{name} sha256 does not match {key}.json")
     try:  # headers first: a decompression bomb is refused before it is decoded
-        hr_head = headers.image_header(members[f"hr.{m.codec}"], m.codec)
+        hr_head = headers.image_header(members[mf.hr_member(m.codec)], m.codec)
         for s in m.scales:
-            name = f"lr_x{s}.{m.codec}"
+            name = mf.lr_member(s, m.codec)
             headers.check_pair(hr_head, headers.image_header(members[name], m.codec), s, tuple(hr_size), max_pixels)
     except headers.HeaderError as exc:
         return problems + [str(exc)]
     try:
-        hr = codecs.decode(members[f"hr.{m.codec}"], m.codec)
+        hr = codecs.decode(members[mf.hr_member(m.codec)], m.codec)
     except ImageDataError as exc:
-        return problems + [f"hr.{m.codec}: {exc}"]
+        return problems + [f"{mf.hr_member(m.codec)}: {exc}"]
     h, w = hr.shape[:2]
     if [w, h] != list(hr_size) or [w, h] != meta.get("hr_size"):
         problems.append(f"HR is {w}x{h}, manifest says {hr_size}, json says {meta.get('hr_size')}")
@@ -68,7 +68,7 @@ def _check_pair(m: Manifest, key: str, members: dict[str, bytes], hr_size: list[
     if (depth, chans) != (meta.get("bit_depth"), meta.get("channels")):
         problems.append(f"HR is {depth}-bit x{chans}, json says {meta.get('bit_depth')}-bit x{meta.get('channels')}")
     for s in m.scales:
-        name = f"lr_x{s}.{m.codec}"
+        name = mf.lr_member(s, m.codec)
         try:
             lr = codecs.decode(members[name], m.codec)
         except ImageDataError as exc:

@@ -119,8 +119,8 @@ class NaiveDataset(Dataset):
             pair = decode_pair(raw, self.manifest.codec, self.scale, verify="none")
             return pair.hr, pair.lr
         codec = self.manifest.codec
-        hr = np.asarray(Image.open(io.BytesIO(raw.members[f"hr.{codec}"])))
-        lr = np.asarray(Image.open(io.BytesIO(raw.members[f"lr_x{self.scale}.{codec}"])))
+        hr = np.asarray(Image.open(io.BytesIO(raw.members[mf.hr_member(codec)])))
+        lr = np.asarray(Image.open(io.BytesIO(raw.members[mf.lr_member(self.scale, codec)])))
         return hr, lr
 
     def __getitem__(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,7 +17,7 @@ import xxhash
 from shardmaker import codecs
 from shardmaker.codecs import ImageDataError
 from shardmaker.format import headers
-from shardmaker.format.manifest import pair_fits
+from shardmaker.format.manifest import JSON_MEMBER, hr_member, lr_member, pair_fits
 from wdsr.errors import SampleError
 from wdsr.plan import Span
 from wdsr.read import RawSample
@@ -36,7 +36,7 @@ class DecodedPair:
 
 
 def wanted_members(codec: str, scale: int) -> frozenset[str]:
-    return frozenset({"json", f"hr.{codec}", f"lr_x{scale}.{codec}"})
+    return frozenset({JSON_MEMBER, hr_member(codec), lr_member(scale, codec)})
 
 
 class Verify(str, enum.Enum):
@@ -69,7 +69,7 @@ def decode_pair(raw: RawSample, codec: str, scale: int, verify: Verify = Verify.
     """Check headers (sizes against the manifest, scale, channels, depth, ``max_pixels``) and
     digests, then decode; every failure is a SampleError naming shard and key."""
     t0 = time.perf_counter_ns()
-    hr_name, lr_name = f"hr.{codec}", f"lr_x{scale}.{codec}"
+    hr_name, lr_name = hr_member(codec), lr_member(scale, codec)
 
     def fail(reason: str) -> SampleError:
         return SampleError(raw.shard, raw.key, reason)

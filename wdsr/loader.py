@@ -120,9 +120,11 @@ def sample_meta(ds: SRDataset) -> dict[str, Any]:
         try:
             raw = next(ds.reader.span(Span(i, 0, 1), frozenset({"json"}), fill_cache=False), None)
             if raw is not None and "json" in raw.members:
-                return json.loads(raw.members["json"])
-        except (SampleError, ValueError):
-            continue  # a broken shard: the workers will report it
+                meta = json.loads(raw.members["json"])
+                if isinstance(meta, dict) and meta.get("channels") in (1, 3) and meta.get("bit_depth") in (8, 16):
+                    return {"channels": meta["channels"], "bit_depth": meta["bit_depth"]}
+        except (SampleError, ValueError, RecursionError):
+            continue  # a broken shard or sample: the workers will report it
         finally:
             ds.stats.add(0, **ds.reader.take_counts())  # retries made here count too
     return {"channels": 3, "bit_depth": 16}

@@ -52,6 +52,24 @@ SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 PROBE_BYTES = 1 << 20
+JSON_MEMBER = "json"
+
+
+def hr_member(codec: str) -> str:
+    """A sample's HR member suffix (``{key}.hr.png``)."""
+    return f"hr.{codec}"
+
+
+def lr_member(scale: int, codec: str) -> str:
+    """A sample's LR member suffix for one scale (``{key}.lr_x4.png``)."""
+    return f"lr_x{scale}.{codec}"
+
+
+def sample_members(codec: str, scales: list[int] | tuple[int, ...]) -> list[str]:
+    """Every member suffix of a sample, in the order the format writes them."""
+    return [JSON_MEMBER, hr_member(codec)] + [lr_member(s, codec) for s in sorted(scales)]
+
+
 
 
 def probe_of(head: bytes, tail: bytes) -> str:
