@@ -96,14 +96,6 @@ def photo_shards(tmp_path_factory, photo_src) -> Path:
     return build_shards(photo_src, tmp_path_factory.mktemp("photo_shards") / "ds", "--scale", "2,4", "--max-samples", "3")
 
 
-@pytest.fixture(scope="session")
-def mcmaster_shards(tmp_path_factory) -> Path:
-    if REFDATA is None:
-        pytest.skip("../shared/refdata not found")
-    return build_shards(REFDATA / "mcmaster", tmp_path_factory.mktemp("mcm") / "ds", "--scale", "2,4",
-                        "--max-samples", "4", "--lr-method", "matlab")
-
-
 # ---- a real S3 server on 127.0.0.1 (SeaweedFS; moto only where weed cannot run) ----------------
 S3_BUCKET = "wdsr-test"
 

@@ -23,10 +23,10 @@ def digest(t: torch.Tensor) -> str:
     return hashlib.sha1(t.numpy().tobytes()).hexdigest()
 
 
-def test_alignment_lr_patch_is_bicubic_of_hr_patch(mcmaster_shards):
+def test_alignment_lr_patch_is_bicubic_of_hr_patch(photo_shards):
     """Every LR patch equals the MATLAB bicubic of its HR patch away from the patch border."""
     for scale, augment in ((4, False), (4, True), (2, True)):
-        ds = wdsr.SRDataset(str(mcmaster_shards), scale=scale, patch_size=64, patches_per_image=6, batch_size=6,
+        ds = wdsr.SRDataset(str(photo_shards), scale=scale, patch_size=64, patches_per_image=6, batch_size=6,
                             shuffle_buffer=16, augment=augment, seed=1)
         m = 3  # LR pixels near the patch border also depend on HR pixels outside the patch
         exact = total = 0
