@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 TORCH  := torch==2.13.0
 
-.PHONY: demo test test-fast
+.PHONY: demo test test-fast lint
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,8 +16,13 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(PY) -m shardmaker.demo --out demo-out
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed lint
 	$(PY) -m pytest -q
+
+# ruff (lint) and mypy on the packages, with the versions pinned in the dev extra; part of `make test`
+lint: $(VENV)/.installed
+	$(PY) -m ruff check shardmaker wdsr
+	$(PY) -m mypy
 
 # the edit-test loop: no S3 server, no torchrun or other multi-process tests (CI runs `make test`)
 test-fast: $(VENV)/.installed

@@ -19,7 +19,7 @@ import multiprocessing
 import re
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import fsspec
@@ -29,8 +29,8 @@ from tqdm import tqdm
 import shardmaker
 from shardmaker import outdir, storage
 from shardmaker.errors import BuildError
-from shardmaker.format.manifest import FORMAT, MANIFEST, Manifest, ManifestError, ShardInfo
-from shardmaker.format.manifest import parse as parse_manifest, shard_path
+from shardmaker.format.manifest import FORMAT, MANIFEST, Manifest, ManifestError, ShardInfo, shard_path
+from shardmaker.format.manifest import parse as parse_manifest
 from shardmaker.sample import PROVIDED, EncodedSample, SampleConfig, encode_or_skip
 from shardmaker.sources import Pair, Skipped, scan
 from shardmaker.writer import ShardWriter
@@ -137,7 +137,7 @@ def order_samples(pairs: list[Pair], seed: int, part: tuple[int, int] | None) ->
     return ordered[lo:hi]
 
 
-def _encoded(todo: list[Pair], opts: BuildOptions) -> Iterator[EncodedSample | Skipped]:
+def _encoded(todo: list[Pair], opts: BuildOptions) -> Generator[EncodedSample | Skipped, None, None]:
     """Encode in order; with several workers keep a bounded window of samples in flight."""
     if opts.workers == 1 or len(todo) <= 1:
         for pair in todo:
@@ -235,7 +235,7 @@ class _Output:
             conflict = f"already holds shards ({strays[0]}, ...) that this build did not write"
         return conflict
 
-    def replaceable(self, extra_known: set[str] = frozenset()) -> tuple[set[str], list[str]]:
+    def replaceable(self, extra_known: set[str] | frozenset[str] = frozenset()) -> tuple[set[str], list[str]]:
         """``(names to delete, build records to delete)`` of the dataset in the folder: only what a
         wdsr manifest or record lists; shard-named files nobody lists make it a refusal."""
         names = self.listing()
@@ -384,7 +384,7 @@ def _build_locked(opts: BuildOptions, out: _Output, pairs: list[Pair], skipped_s
     reused = len(shards)
     bar = tqdm(total=len(todo_all), initial=start, unit="img", desc="build", disable=not opts.progress, dynamic_ncols=True)
     writer: ShardWriter | None = None
-    encoded: Iterator[EncodedSample | Skipped] | None = None
+    encoded: Generator[EncodedSample | Skipped, None, None] | None = None
     written = 0
     t_start = time.perf_counter()
     try:
@@ -422,7 +422,7 @@ def _build_locked(opts: BuildOptions, out: _Output, pairs: list[Pair], skipped_s
         bar.close()
     if not shards and todo_all:
         raise BuildError(f"{opts.hr_src}: every sample was skipped; nothing to write")
-    if not todo_all:
+    if not todo_all and opts.part is not None:
         log.warning("part %d/%d has no samples (more parts than images); writing an empty part", *opts.part)
     scan_skips = skipped_scan if opts.part is None or opts.part[0] == 0 else []  # listed once
     skipped_all = scan_skips + skipped
@@ -512,10 +512,10 @@ def merge(out_url: str, storage_options: dict[str, Any] | None = None) -> Manife
     if len(fps) != 1:
         raise BuildError(f"{out_url}: parts were built from different sources or flags; rebuild them alike")
     first = manifests[0]
-    for m in manifests[1:]:
-        if (m.codec, m.scales, m.lr_method) != (first.codec, first.scales, first.lr_method):
+    for pm in manifests[1:]:
+        if (pm.codec, pm.scales, pm.lr_method) != (first.codec, first.scales, first.lr_method):
             raise BuildError(f"{out_url}: parts disagree on codec/scales/lr_method")
-    shards = [s for m in manifests for s in m.shards]
+    shards = [s for pm in manifests for s in pm.shards]
     for s in shards:
         try:
             size = fs.size(shard_path(root, s.name))

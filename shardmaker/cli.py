@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import os
 import logging
+import os
 import re
 import signal
 import sys
@@ -93,7 +93,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="png (default): 8/16-bit, grey/RGB; qoi: 8-bit RGB only, 2.4-2.8x faster to decode, ~25%% larger")
     b.add_argument("--png-level", type=int, default=1, choices=range(10), metavar="0-9",
                    help="zlib level (default 1: run-length deflate, ~5x faster to encode than level 6)")
-    b.add_argument("--shard-size", type=parse_size, default=parse_size("256MB"), help="start a new shard past this size (default 256MB; units kB, MB, GB, KiB, MiB, GiB)")
+    b.add_argument("--shard-size", type=parse_size, default=parse_size("256MB"),
+                   help="start a new shard past this size (default 256MB; units kB, MB, GB, KiB, MiB, GiB)")
     b.add_argument("--max-samples", type=int, default=None, help="at most this many samples per shard (default: no limit)")
     b.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 16),
                    help="encoding processes (default: all cores, at most 16); the output bytes do not depend on it")

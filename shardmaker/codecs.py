@@ -12,17 +12,9 @@ import warnings
 import zlib
 
 import numpy as np
+import pyspng  # libspng: reads 16-bit PNG and is ~1.7x faster than Pillow on 4K images
+import qoi
 from PIL import Image
-
-try:  # libspng: reads 16-bit PNG and is ~1.7x faster than Pillow on 4K images
-    import pyspng
-except ImportError:  # pragma: no cover - exercised only where the wheel is missing
-    pyspng = None
-
-try:
-    import qoi
-except ImportError:  # pragma: no cover
-    qoi = None
 
 # Pillow's own bomb guard (Image.MAX_IMAGE_PIXELS) is left as the user set it: we never change it
 # for the process. Our limit (check_pixels, --max-pixels) is checked from the header first.
@@ -81,19 +73,15 @@ def _decode_png(data: bytes) -> np.ndarray:
     if head is None:
         raise ImageDataError("not a PNG file")
     _, _, depth, ctype = head
-    if pyspng is not None:
-        try:
-            arr = pyspng.load(data)
-        except Exception as exc:
-            raise ImageDataError(f"corrupt or truncated PNG ({exc})") from None
-        if depth == 16 and ctype in _PNG_CHANNELS:
-            # pyspng returns 16-bit images as RGBA/GA; keep the declared channels only.
-            want = _PNG_CHANNELS[ctype]
-            arr = arr[:, :, :want] if want > 1 else arr[:, :, 0]
-        return arr
-    if depth == 16 and ctype in (2, 6):
-        raise ImageDataError("16-bit RGB PNG needs pyspng (pip install pyspng)")
-    return _decode_pillow(data)
+    try:
+        arr = pyspng.load(data)
+    except Exception as exc:
+        raise ImageDataError(f"corrupt or truncated PNG ({exc})") from None
+    if depth == 16 and ctype in _PNG_CHANNELS:
+        # pyspng returns 16-bit images as RGBA/GA; keep the declared channels only.
+        want = _PNG_CHANNELS[ctype]
+        arr = arr[:, :, :want] if want > 1 else arr[:, :, 0]
+    return arr
 
 
 def _decode_pillow(data: bytes) -> np.ndarray:
@@ -197,8 +185,6 @@ def encode(arr: np.ndarray, codec: Codec, png_level: int = 1) -> bytes:
     """Encode an ``HxW``/``HxWx3`` uint8/uint16 array losslessly."""
     codec = Codec(codec)
     if codec is Codec.QOI:
-        if qoi is None:  # pragma: no cover
-            raise ImageDataError("the qoi package is not installed (pip install qoi)")
         if arr.dtype != np.uint8 or arr.ndim != 3:
             raise ImageDataError("QOI stores 8-bit RGB only; use --codec png for grey or 16-bit images")
         return bytes(qoi.encode(np.ascontiguousarray(arr)))
@@ -210,8 +196,6 @@ def encode(arr: np.ndarray, codec: Codec, png_level: int = 1) -> bytes:
 def decode(data: bytes | memoryview, ext: str) -> np.ndarray:
     """Decode a shard member by its extension (``png`` or ``qoi``); QOI decodes straight from a view."""
     if ext == Codec.QOI.value:
-        if qoi is None:  # pragma: no cover
-            raise ImageDataError("the qoi package is not installed (pip install qoi)")
         try:
             return qoi.decode(data)
         except Exception as exc:

@@ -31,7 +31,7 @@ from shardmaker.format.manifest import MANIFEST, ManifestError, ShardInfo, parse
 log = logging.getLogger(__name__)
 STAGING = "_staging"
 _REPLACES = "replaces.json"
-_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,250}")  # one file name: what swap_in may delete  # in the staging folder: what the swap deletes, so a crashed swap can finish
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,250}")  # one file name: what swap_in may delete
 
 
 @contextlib.contextmanager

@@ -12,9 +12,9 @@ import numpy as np
 import xxhash
 
 from shardmaker import codecs
-from shardmaker.format import tario
 from shardmaker.codecs import Codec, ImageDataError
 from shardmaker.errors import InputError
+from shardmaker.format import tario
 from shardmaker.format.manifest import hr_member, lr_member, pair_fits
 from shardmaker.resize import ResizeMethod, downscale
 from shardmaker.sources import Pair, Skipped

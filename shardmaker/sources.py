@@ -189,7 +189,7 @@ def scan(
             bad.add(key)
 
     lr_of: dict[str, list[tuple[int, str, str]]] = {k: [] for k in by_key}
-    for url, (lfs, lroot) in zip(lr_urls, lr_roots):
+    for url, (lfs, lroot) in zip(lr_urls, lr_roots, strict=True):
         matched: dict[str, str] = {}
         dir_scale: int | None = None
         dir_example = ""
@@ -198,16 +198,17 @@ def scan(
             stamps[storage.url_of(lfs, lpath)] = lr_stamps[lpath]
             lrel = posixpath.relpath(lpath, lroot)
             stem = posixpath.splitext(lrel)[0]
-            key = stem_to_key.get(stem)
+            found = stem_to_key.get(stem)
             suffix_scale = None
-            if key is None:
+            if found is None:
                 m = _XSUFFIX.match(stem)
                 if m:
-                    key = stem_to_key.get(m.group(1))
+                    found = stem_to_key.get(m.group(1))
                     suffix_scale = int(m.group(2))
-            if key is None:
+            if found is None:
                 out.problem(lpath, f"LR image has no HR image in {hr_url} (same relative name, or name + 'x<scale>')")
                 continue
+            key = found
             if key in matched:
                 out.problem(lpath, f"second LR image for HR {by_key[key]} in this folder (first: {matched[key]})")
                 continue

@@ -11,8 +11,9 @@ import numpy as np
 from tqdm import tqdm
 
 from shardmaker import codecs, storage
-from shardmaker.format import headers, manifest as mf, tario
 from shardmaker.codecs import ImageDataError
+from shardmaker.format import headers, tario
+from shardmaker.format import manifest as mf
 from shardmaker.format.manifest import Manifest, ShardInfo
 
 
@@ -22,7 +23,9 @@ def _expected_members(m: Manifest) -> list[str]:
 
 def _group(data: bytes, where: str) -> Iterator[tuple[str, int, dict[str, bytes]]]:
     """``(key, offset, {member: bytes})`` per sample, in shard order."""
-    key, start, members = None, 0, {}
+    key: str | None = None
+    start = 0
+    members: dict[str, bytes] = {}
     for name, offset, payload in tario.iter_members(io.BytesIO(data), limit=len(data)):
         k, ext = tario.split_name(name)
         if k != key:
@@ -53,7 +56,7 @@ def _check_pair(m: Manifest, key: str, members: dict[str, bytes], hr_size: list[
         hr_head = headers.image_header(members[mf.hr_member(m.codec)], m.codec)
         for s in m.scales:
             name = mf.lr_member(s, m.codec)
-            headers.check_pair(hr_head, headers.image_header(members[name], m.codec), s, tuple(hr_size), max_pixels)
+            headers.check_pair(hr_head, headers.image_header(members[name], m.codec), s, (hr_size[0], hr_size[1]), max_pixels)
     except headers.HeaderError as exc:
         return problems + [str(exc)]
     try:

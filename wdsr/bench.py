@@ -19,10 +19,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from shardmaker.format import manifest as mf
 from wdsr.dataset import SRDataset
+from wdsr.decode import Verify, decode_pair, wanted_members
 from wdsr.loader import _worker_init, make_loader
 from wdsr.plan import Span
 from wdsr.read import ShardReader
-from wdsr.decode import decode_pair, wanted_members
 
 
 @dataclasses.dataclass
@@ -75,6 +75,7 @@ def bench_stream(url: str, workers: int = 2, batch_size: int = 16, k: int = 16, 
             ds.set_epoch(epoch)
             continue
         break
+    assert t0 is not None and before is not None  # the loop above ran past its warm-up
     dt = time.perf_counter() - t0
     after = ds.stats.totals()
     d = {key: after[key] - before[key] for key in ("samples", "bytes_read", "decode_ns", "patch_ns", "patches", "verify_ns")}
@@ -116,7 +117,7 @@ class NaiveDataset(Dataset):
         shard, i = self.index[n % len(self.index)]
         raw = next(self.reader.span(Span(shard, i, i + 1), self.wanted))
         if self.decoder == "same":
-            pair = decode_pair(raw, self.manifest.codec, self.scale, verify="none")
+            pair = decode_pair(raw, self.manifest.codec, self.scale, verify=Verify.NONE)
             return pair.hr, pair.lr
         codec = self.manifest.codec
         hr = np.asarray(Image.open(io.BytesIO(raw.members[mf.hr_member(codec)])))
@@ -136,7 +137,7 @@ class NaiveDataset(Dataset):
 def bench_naive(url: str, workers: int = 2, batch_size: int = 16, patch_size: int = 192, scale: int = 4,
                 seconds: float = 20.0, decoder: str = "pillow", storage_options: dict[str, Any] | None = None) -> BenchResult:
     ds = NaiveDataset(url, scale, patch_size, decoder, storage_options=storage_options)
-    extra = {"persistent_workers": True, "worker_init_fn": _worker_init} if workers else {}
+    extra: dict[str, Any] = {"persistent_workers": True, "worker_init_fn": _worker_init} if workers else {}
     loader = DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers, drop_last=True, **extra)
     warm = max(1, workers)
     n, t0 = 0, None
@@ -152,7 +153,8 @@ def bench_naive(url: str, workers: int = 2, batch_size: int = 16, patch_size: in
         break
     dt = time.perf_counter() - t0
     batches = n - warm
-    return BenchResult(f"naive decode-per-patch ({'Pillow' if decoder == 'pillow' else 'same decoders'})", batches * batch_size / dt, float("nan"), float("nan"), float("nan"),
+    name = f"naive decode-per-patch ({'Pillow' if decoder == 'pillow' else 'same decoders'})"
+    return BenchResult(name, batches * batch_size / dt, float("nan"), float("nan"), float("nan"),
                        float("nan"), float("nan"), float("nan"), float("nan"), float("nan"), dt, batches)
 
 
@@ -164,7 +166,8 @@ def table(results: list[BenchResult], k: int) -> str:
         def f(v: float, fmt: str) -> str:
             return "-" if v != v else format(v, fmt)
         lines.append(f"| {r.name} | {r.patches_per_s:.1f} | {f(r.mb_per_s, '.1f')} | {f(r.decode_share * 100, '.0f')}% | "
-                     f"{f(r.decode_ms, '.1f')} | {f(r.verify_ms, '.1f')} | {f(r.patch_ms, '.2f')} | {f(r.ceiling, '.1f')} | {f(r.efficiency * 100, '.0f')}% | "
+                     f"{f(r.decode_ms, '.1f')} | {f(r.verify_ms, '.1f')} | {f(r.patch_ms, '.2f')} | "
+                     f"{f(r.ceiling, '.1f')} | {f(r.efficiency * 100, '.0f')}% | "
                      f"{f(r.peak_rss_mb, '.0f')} MB | {f(r.peak_private_mb, '.0f')} MB | {f(r.first_batch_s, '.2f')} s | "
                      f"{f(r.cache_hit_rate * 100, '.0f')}% | {r.retries} |")
     return "\n".join(lines)

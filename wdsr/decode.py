@@ -77,7 +77,7 @@ def decode_pair(raw: RawSample, codec: str, scale: int, verify: Verify = Verify.
     if "json" not in raw.members:
         raise fail("no json member")
     try:
-        meta = json.loads(raw.members["json"])
+        meta = json.loads(bytes(raw.members["json"]))
     except (ValueError, RecursionError):
         raise fail("json member is not valid JSON") from None
     if type(meta) is not dict:

@@ -22,8 +22,10 @@ def stream_demo(shards: str) -> int:
     t0, n = time.perf_counter(), 0
     for epoch in range(2):
         ds.set_epoch(epoch)
-        for lr, hr in loader:
+        for batch in loader:
             n += 1
+            last = batch
+    lr, hr = last
     dt = time.perf_counter() - t0
     print(f"   2 epochs: {n} batches of lr {tuple(lr.shape)} {lr.dtype} / hr {tuple(hr.shape)}, "
           f"{n * 16 / dt:.0f} patches/s (worker start-up included)")

@@ -120,7 +120,7 @@ def sample_meta(ds: SRDataset) -> dict[str, Any]:
         try:
             raw = next(ds.reader.span(Span(i, 0, 1), frozenset({"json"}), fill_cache=False), None)
             if raw is not None and "json" in raw.members:
-                meta = json.loads(raw.members["json"])
+                meta = json.loads(bytes(raw.members["json"]))
                 if isinstance(meta, dict) and meta.get("channels") in (1, 3) and meta.get("bit_depth") in (8, 16):
                     return {"channels": meta["channels"], "bit_depth": meta["bit_depth"]}
         except (SampleError, ValueError, RecursionError):

@@ -43,6 +43,8 @@ def _upsampler(ch: int, scale: int) -> nn.Sequential:
 class EDSR(nn.Module):
     """EDSR (Lim et al. 2017); the defaults are its baseline: 16 res blocks of 64 channels, no res scaling."""
 
+    mean: torch.Tensor
+
     def __init__(self, scale: int, channels: int = 3, blocks: int = 16, width: int = 64, res_scale: float = 1.0) -> None:
         super().__init__()
         mean = _DIV2K_MEAN if channels == 3 else (sum(_DIV2K_MEAN) / 3,) * channels

@@ -13,7 +13,7 @@ def contact_sheet(ds: SRDataset, count: int = 8, gap: int = 4) -> np.ndarray:
     s = ds.opts.scale
     rows = []
     for lr, hr in iter(ds):
-        for a, b in zip(lr, hr):
+        for a, b in zip(lr, hr, strict=True):
             a8, b8 = _rgb8(a.numpy()), _rgb8(b.numpy())
             up = a8.repeat(s, axis=0).repeat(s, axis=1)
             sep = np.full((b8.shape[0], gap, 3), 255, np.uint8)

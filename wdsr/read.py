@@ -22,8 +22,8 @@ from typing import Any
 import fsspec
 
 from shardmaker import storage
-from shardmaker.format import tario
 from shardmaker.format import manifest as mf
+from shardmaker.format import tario
 from shardmaker.format.manifest import Manifest, ShardInfo
 from wdsr import remote
 from wdsr.cache import CacheMismatch, ShardCache
@@ -152,8 +152,10 @@ class ShardReader:
         if size != info.bytes:
             raise SampleError(info.name, None, f"shard has {size} bytes, the manifest says {info.bytes} (truncated or replaced)")
         if self.options.fetch is Fetch.FSSPEC:
-            opener = lambda: self._fs.open(path, "rb", block_size=self.options.block_size, cache_type="readahead")  # noqa: E731
-            yield from self._file_span(self._fs, path, info, span, wanted, opener=opener, checked=True)
+            fs = self._fs
+            assert fs is not None
+            opener = lambda: fs.open(path, "rb", block_size=self.options.block_size, cache_type="readahead")  # noqa: E731
+            yield from self._file_span(fs, path, info, span, wanted, opener=opener, checked=True)
             return
         yield from self._range_span(rf, info, span, wanted)
 
@@ -193,7 +195,8 @@ class ShardReader:
             except FileNotFoundError:
                 raise SampleError(info.name, None, f"shard is missing ({path})") from None
             if size != info.bytes:
-                raise SampleError(info.name, None, f"shard has {size} bytes, the manifest says {info.bytes} (truncated or replaced)")
+                raise SampleError(info.name, None,
+                                  f"shard has {size} bytes, the manifest says {info.bytes} (truncated or replaced)")
         with (opener() if opener else fs.open(path, "rb")) as f:
             if not checked and info.probe is not None:
                 self._check_probe(f, path, info)
@@ -205,7 +208,7 @@ class ShardReader:
                 members = _members(f, end - begin, info.name, info.keys[i], wanted)
                 nbytes = sum(len(v) for v in members.values())
                 yield RawSample(info.name, info.keys[i], i, span.rep, members, nbytes, time.perf_counter_ns() - t0,
-                                Span(span.shard, i, i + 1, span.rep), tuple(info.hr_sizes[i]))
+                                Span(span.shard, i, i + 1, span.rep), (info.hr_sizes[i][0], info.hr_sizes[i][1]))
 
     def _check_probe(self, f: Any, path: str, info: ShardInfo) -> None:
         """Is this file the shard the manifest lists (not another build's of the same size)?
@@ -232,13 +235,15 @@ class ShardReader:
         ahead = self.options.read_ahead
         if ahead and self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="wdsr-read-ahead")
+        pool = self._pool
         pending: collections.deque[Future] = collections.deque()
         nxt = span.start
         try:
             for i in range(span.start, span.stop):
                 if ahead:
                     while nxt < span.stop and len(pending) <= ahead:
-                        pending.append(self._pool.submit(fetch, nxt))
+                        assert pool is not None
+                        pending.append(pool.submit(fetch, nxt))
                         nxt += 1
                 try:
                     data, ns = pending.popleft().result() if ahead else fetch(i)
@@ -249,7 +254,7 @@ class ShardReader:
                 nbytes = sum(len(v) for v in members.values())
                 yield RawSample(info.name, info.keys[i], i, span.rep, members, nbytes,
                                 ns + time.perf_counter_ns() - t0, Span(span.shard, i, i + 1, span.rep),
-                                tuple(info.hr_sizes[i]))
+                                (info.hr_sizes[i][0], info.hr_sizes[i][1]))
                 del data, members
         finally:
             for fut in pending:
@@ -278,9 +283,9 @@ class _View:
         return self._pos
 
 
-def _members(f: Any, length: int, shard: str, key: str, wanted: frozenset[str]) -> dict[str, bytes]:
+def _members(f: Any, length: int, shard: str, key: str, wanted: frozenset[str]) -> dict[str, bytes | memoryview]:
     """The wanted members of the sample that starts at ``f``'s position and spans ``length`` bytes."""
-    out: dict[str, bytes] = {}
+    out: dict[str, bytes | memoryview] = {}
     seen: set[str] = set()
 
     def want(name: str) -> bool:

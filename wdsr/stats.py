@@ -53,7 +53,7 @@ class SharedStats:
 
     def rows(self) -> list[dict[str, int]]:
         n = len(FIELDS)
-        rows = [dict(zip(FIELDS, map(int, self._arr[i * n : (i + 1) * n]))) for i in range(self.slots)]
+        rows = [dict(zip(FIELDS, map(int, self._arr[i * n : (i + 1) * n]), strict=True)) for i in range(self.slots)]
         return [r for r in rows if any(r.values())]
 
     def totals(self) -> dict[str, Any]:

@@ -24,7 +24,7 @@ def stitch(tiles: torch.Tensor, boxes: list[tuple[int, int, int, int]], scale: i
     c = tiles.shape[1]
     out = torch.zeros((c, scale * lr_size[0], scale * lr_size[1]), dtype=torch.float64)
     weight = torch.zeros((1, scale * lr_size[0], scale * lr_size[1]), dtype=torch.float64)
-    for t, (y, x, h, w) in zip(tiles, boxes):
+    for t, (y, x, h, w) in zip(tiles, boxes, strict=True):
         ys, xs = slice(scale * y, scale * (y + h)), slice(scale * x, scale * (x + w))
         out[:, ys, xs] += t.double()
         weight[:, ys, xs] += 1

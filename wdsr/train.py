@@ -200,10 +200,10 @@ def _loop(cfg: TrainConfig, ctx: Ctx, run: RunDir, train_ds: SRDataset, val_ds: 
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     model = build_model(cfg.model, cfg.scale, channels).to(ctx.device)
     if ctx.device.type == "cuda":
-        model = model.to(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs lack it
     loader = make_loader(train_ds, num_workers=cfg.workers, pin_memory=ctx.device.type == "cuda")
     per_epoch = len(loader)
-    total = cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
+    total = cfg.steps if cfg.steps is not None else (cfg.epochs or 1) * per_epoch
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(cfg, total))
     amp_dtype, use_scaler = amp_setting(cfg.amp, ctx.device)
@@ -226,8 +226,9 @@ def _loop(cfg: TrainConfig, ctx: Ctx, run: RunDir, train_ds: SRDataset, val_ds: 
             log.info("resuming at step %d, epoch %d", step, epoch)
     run_model: nn.Module = model
     if ctx.world > 1:
-        run_model = nn.parallel.DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
-    metrics = None
+        ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        run_model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    metrics: MetricsLog | None = None
     if ctx.rank == 0:
         run.start(cfg.dict)
         metrics = MetricsLog(run, cfg)
@@ -245,10 +246,11 @@ def _loop(cfg: TrainConfig, ctx: Ctx, run: RunDir, train_ds: SRDataset, val_ds: 
                      "scheduler": sched.state_dict(), "scaler": scaler.state_dict(),
                      "rng": {"torch": torch.get_rng_state()}, "config": cfg.dict}
             where = run.save(state, step, cfg.keep_ckpts)
+            assert metrics is not None
             metrics.sync()
             log.info("checkpoint: %s", where)
 
-    win = {"t": time.perf_counter(), "wait": 0.0, "steps": 0, "loss": torch.zeros((), device=ctx.device)}
+    win = _Window(time.perf_counter(), 0.0, 0, torch.zeros((), device=ctx.device))
     last_ckpt = step if state is not None else -1
     stopped = False
     batches = 0
@@ -261,7 +263,7 @@ def _loop(cfg: TrainConfig, ctx: Ctx, run: RunDir, train_ds: SRDataset, val_ds: 
             item = next(it, None)
             if item is None:
                 break
-            win["wait"] += time.perf_counter() - t0
+            win.wait += time.perf_counter() - t0
             lr_b, hr_b = item[0], item[1]
             x = to_float(lr_b.to(ctx.device, non_blocking=True))
             y = to_float(hr_b.to(ctx.device, non_blocking=True))
@@ -274,12 +276,12 @@ def _loop(cfg: TrainConfig, ctx: Ctx, run: RunDir, train_ds: SRDataset, val_ds: 
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
-            step_lr = sched.get_last_lr()[0]  # the rate this step used
+            step_lr = float(sched.get_last_lr()[0])  # the rate this step used
             sched.step()
             step += 1
             batches += 1
-            win["steps"] += 1
-            win["loss"] += loss.detach()  # read at log steps only: no device sync per step
+            win.steps += 1
+            win.loss += loss.detach()  # read at log steps only: no device sync per step
             stopped = ctx.all_sum([1.0 if stop.requested else 0.0])[0] > 0
             if bar is not None:
                 bar.update(1)
@@ -287,7 +289,7 @@ def _loop(cfg: TrainConfig, ctx: Ctx, run: RunDir, train_ds: SRDataset, val_ds: 
                 _log_window(cfg, ctx, metrics, bar, win, step, epoch, step_lr)
             if val_ds is not None and step % cfg.val_every == 0:
                 _log_val(cfg, ctx, metrics, bar, validate(model, val_ds, cfg, ctx), step, epoch)
-                win["t"] = time.perf_counter()
+                win.t = time.perf_counter()
             if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == total or stopped:
                 checkpoint(batches)
                 last_ckpt = step
@@ -304,7 +306,7 @@ def _loop(cfg: TrainConfig, ctx: Ctx, run: RunDir, train_ds: SRDataset, val_ds: 
         gathered: list[Any] = [None] * ctx.world
         dist.all_gather_object(gathered, digests[0], group=ctx.cpu_group)
         digests = gathered
-    if ctx.rank == 0:
+    if metrics is not None:  # rank 0
         record = {"step": step, "epoch": epoch, "event": "stopped" if stopped else "finished",
                   "weights_sha256": digests, "weights_in_sync": len(set(digests)) == 1}
         metrics.write(record)
@@ -335,17 +337,27 @@ def _emit(metrics: MetricsLog | None, bar: Any, record: dict[str, Any], text: st
         log.info("%s", text)
 
 
-def _log_window(cfg: TrainConfig, ctx: Ctx, metrics: MetricsLog | None, bar: Any, win: dict[str, float],
+@dataclasses.dataclass
+class _Window:
+    """What happened since the last log line, on this rank."""
+
+    t: float  # when the window started
+    wait: float  # seconds spent waiting for batches
+    steps: int
+    loss: torch.Tensor  # summed on the device, read only when logging
+
+
+def _log_window(cfg: TrainConfig, ctx: Ctx, metrics: MetricsLog | None, bar: Any, win: _Window,
                 step: int, epoch: int, lr: float) -> None:
     now = time.perf_counter()
-    elapsed = max(now - win["t"], 1e-9)
-    loss_sum, steps_sum, wait_sum, time_sum = ctx.all_sum([float(win["loss"]), win["steps"], win["wait"], elapsed])
+    elapsed = max(now - win.t, 1e-9)
+    loss_sum, steps_sum, wait_sum, time_sum = ctx.all_sum([float(win.loss), win.steps, win.wait, elapsed])
     patches = cfg.batch_size * steps_sum / max(time_sum / ctx.world, 1e-9)
     record = {"step": step, "epoch": epoch, "loss": loss_sum / max(steps_sum, 1), "lr": lr,
               "patches_per_s": patches, "data_wait": wait_sum / max(time_sum, 1e-9)}
     _emit(metrics, bar, record, f"step {step} epoch {epoch} loss {record['loss']:.5f} lr {lr:.3g} "
           f"patches/s {patches:.1f} data_wait {record['data_wait']:.1%}")
-    win.update(t=now, wait=0.0, steps=0, loss=torch.zeros_like(win["loss"]))
+    win.t, win.wait, win.steps, win.loss = now, 0.0, 0, torch.zeros_like(win.loss)
 
 
 def _log_val(cfg: TrainConfig, ctx: Ctx, metrics: MetricsLog | None, bar: Any, sums: list[float],

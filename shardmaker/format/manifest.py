@@ -1,6 +1,7 @@
 """The ``manifest.json`` of a shard set (format ``wdsr-shards/1``): the dataset's commit marker."""
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import hashlib
 import json
@@ -72,7 +73,7 @@ def sample_members(codec: str, scales: list[int] | tuple[int, ...]) -> list[str]
 
 
 
-def probe_of(head: bytes, tail: bytes) -> str:
+def probe_of(head: bytes | bytearray, tail: bytes | bytearray) -> str:
     """The shard's probe: sha256 of its first and last MiB. It tells one build's shard from another's
     for ~1 ms per shard, where the full sha256 (``verify``) reads it all."""
     return hashlib.sha256(b"wdsr-probe/1\0" + bytes(head) + bytes(tail)).hexdigest()
@@ -137,7 +138,7 @@ class ShardInfo:
                 f"shard {self.name}: samples={n} but {len(self.keys)} keys, "
                 f"{len(self.offsets)} offsets, {len(self.hr_sizes)} hr_sizes"
             )
-        if any(b <= a for a, b in zip(self.offsets, self.offsets[1:])) or (n and self.offsets[0] != 0):
+        if any(b <= a for a, b in zip(self.offsets, self.offsets[1:], strict=False)) or (n and self.offsets[0] != 0):
             raise ManifestError(f"shard {self.name}: offsets must start at 0 and increase")
         if n and self.offsets[-1] >= self.bytes:
             raise ManifestError(f"shard {self.name}: last offset {self.offsets[-1]} beyond {self.bytes} bytes")
@@ -215,7 +216,7 @@ class Manifest:
             "shards": [s.to_json() for s in self.shards],
         }
 
-    def dumps(self) -> bytes:
+    def dumps(self) -> builtins.bytes:  # the property `bytes` above shadows the type in this class
         return (json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n").encode()
 
     @classmethod
