@@ -167,21 +167,26 @@ def s3_photo_shards(s3, _s3_photo_shards_built) -> str:
 
 
 # ---- no process outlives the suite ------------------------------------------------------------------
-def children(pid: int | None = None) -> list[tuple[int, str]]:
-    """Live child processes of ``pid`` (default: this one) as (pid, command line), from /proc."""
-    pid = os.getpid() if pid is None else pid
+# Every process the tests start inherits this variable, so one that was orphaned (its parent killed)
+# is found too, not only the suite's own children.
+_SESSION = f"WDSR_TEST_SESSION={os.getpid()}"
+os.environ["WDSR_TEST_SESSION"] = str(os.getpid())
+
+
+def leftovers() -> list[tuple[int, str]]:
+    """Live processes started (directly or not) by this test session, as (pid, command line)."""
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            status = (entry / "status").read_text()
-            ppid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
-            state = next(line.split()[1] for line in status.splitlines() if line.startswith("State:"))
+            if _SESSION.encode() not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            state = next(line.split()[1] for line in (entry / "status").read_text().splitlines() if line.startswith("State:"))
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-        except (OSError, StopIteration, ValueError):
+        except (OSError, StopIteration):
             continue
-        if ppid == pid and state != "Z" and "resource_tracker" not in cmd:  # multiprocessing's own helper lives to exit
+        if state != "Z" and "resource_tracker" not in cmd:  # multiprocessing's own helper lives until we exit
             found.append((int(entry.name), cmd))
     return found
 
@@ -189,11 +194,11 @@ def children(pid: int | None = None) -> list[tuple[int, str]]:
 def pytest_sessionfinish(session, exitstatus):
     import time
 
-    deadline = time.monotonic() + 10  # give exiting children a moment
-    left = children()
+    deadline = time.monotonic() + 10  # give exiting processes a moment
+    left = leftovers()
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
-        left = children()
+        left = leftovers()
     if left:
         lines = "\n".join(f"  pid {pid}: {cmd[:200]}" for pid, cmd in left)
         print(f"\nERROR: {len(left)} process(es) started by the tests outlived them (a test did not reap "
