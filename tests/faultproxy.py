@@ -5,7 +5,8 @@ fault can be aimed at the next GET responses:
 
 - ``cut_after(n, times)``: the next ``times`` GET responses are cut (connection reset) after ``n``
   bytes of the response have been forwarded;
-- ``stall(n, seconds, times)``: the next GET responses stop after ``n`` bytes for ``seconds``;
+- ``hold(n, times)``: the next GET responses stop after ``n`` bytes until the test calls ``release()``
+  (or clears or closes the proxy): the test decides when, by what it has seen happen, not by a delay;
 - ``fail_503(times)``: the next GET requests are answered ``503 SlowDown`` without reaching the server;
 - ``refuse()``: drop every open connection and refuse new ones (a dead server).
 
@@ -40,6 +41,7 @@ class FaultProxy:
         self._listener.listen(64)
         self.port = self._listener.getsockname()[1]
         self._closed = False
+        self._released = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -50,8 +52,12 @@ class FaultProxy:
     def cut_after(self, n: int, times: int = 1, match: bytes = b"") -> None:
         self._add([("cut", n, 0.0, match)] * times)
 
-    def stall(self, n: int, seconds: float, times: int = 1, match: bytes = b"") -> None:
-        self._add([("stall", n, seconds, match)] * times)
+    def hold(self, n: int, times: int = 1, match: bytes = b"") -> None:
+        self._add([("hold", n, 0.0, match)] * times)
+
+    def release(self) -> None:
+        """Let every held response go on (a client that gave up on it has reconnected by then)."""
+        self._released.set()
 
     def fail_503(self, times: int = 1, match: bytes = b"") -> None:
         self._add([("503", 0, 0.0, match)] * times)
@@ -60,6 +66,7 @@ class FaultProxy:
         with self._lock:
             self._rules.clear()
             self._refusing = False
+        self.release()
 
     def pending(self) -> int:
         with self._lock:
@@ -74,6 +81,7 @@ class FaultProxy:
 
     def close(self) -> None:
         self._closed = True
+        self.release()
         self.refuse()
         try:
             self._listener.close()
@@ -203,7 +211,7 @@ class _Conn:
                         self.fault = None
                     if fault[0] == "cut":
                         return self.close()
-                    time.sleep(fault[2])  # stall, then carry on (the client may have given up)
+                    self.proxy._released.wait(120)  # hold until released, then carry on (the client may have given up)
         except OSError:
             self.close()
 

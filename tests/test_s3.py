@@ -7,6 +7,7 @@ import logging
 import multiprocessing as mp
 import os
 import time
+from pathlib import Path
 
 import pytest
 import s3fs
@@ -95,7 +96,7 @@ def test_cut_stalled_and_503_reads_resume_and_lose_nothing(s3, s3_photo_shards, 
     loader = wdsr.make_loader(ds, num_workers=2)  # its one peek at a sample goes before the faults
     proxy.cut_after(40_000, times=5)
     proxy.fail_503(times=3)
-    proxy.stall(30_000, seconds=4.0, times=2)
+    proxy.hold(30_000, times=2)  # silent until the test ends: the client must give up and resume
     armed = proxy.pending()
     got = batches(ds, loader=loader)
     assert got == want  # same samples, same order, nothing repeated or lost
@@ -109,7 +110,7 @@ def test_resume_starts_at_the_byte_reached(s3, s3_photo_shards, proxy):
     fs = s3fs_for(proxy.endpoint)
     path = f"{S3_BUCKET}/photos/{info.name}"
     rf = wdsr.remote.RemoteFile(fs, path, "s3://" + path, FAST)
-    proxy.stall(50_000, seconds=4.0, times=2)  # FAST gives up on a silent connection after 2 s
+    proxy.hold(50_000, times=2)  # silent for as long as it takes FAST (2 s timeout) to give up and resume
     data = rf.read(0, info.bytes)
     assert hashlib.sha256(data).hexdigest() == info.sha256
     starts = [int(r.split(b"=")[1].split(b"-")[0]) for r in proxy.ranges]
@@ -224,6 +225,19 @@ def test_cache_evicts_least_recently_used_under_its_limit(s3, s3_photo_shards, p
     assert ds.stats.totals()["cache_misses"] >= len(m.shards)  # an evicted shard may be fetched again
 
 
+def _wait_for_lock_waiters(lock: Path, n: int, timeout: float = 60) -> None:
+    """Until ``n`` processes are blocked on ``lock``'s flock (the kernel lists them in /proc/locks)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if lock.exists():
+            tag = f":{lock.stat().st_ino} "
+            waiting = [ln for ln in Path("/proc/locks").read_text().splitlines() if "->" in ln and tag in ln]
+            if len(waiting) >= n:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"{n} processes never waited on {lock}")
+
+
 def test_cache_is_filled_by_one_process_at_a_time(s3, s3_photo_shards, proxy, tmp_path):
     """Four processes ask for the same shard at once: one download, four identical whole files."""
     m = load(s3_photo_shards)
@@ -231,13 +245,21 @@ def test_cache_is_filled_by_one_process_at_a_time(s3, s3_photo_shards, proxy, tm
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     name = m.shards[2].name.encode()
-    proxy.stall(10_000, seconds=1.5, times=1, match=name)  # keep the first download in flight while the others arrive
+    proxy.hold(10_000, times=1, match=name)  # the first download stays in flight ...
     procs = [ctx.Process(target=_fill, args=(s3_photo_shards, proxy.endpoint, cache, 2, q)) for _ in range(4)]
-    for p in procs:
-        p.start()
-    results = [q.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(30)
+    try:
+        for p in procs:
+            p.start()
+        lock = Path(cache) / "wdsr-shard-cache" / f"{m.shards[2].sha256[:16]}-{m.shards[2].name}.lock"
+        _wait_for_lock_waiters(lock, 3)  # ... until the other three are seen waiting on its lock
+        proxy.release()
+        results = [q.get(timeout=120) for _ in procs]
+    finally:
+        for p in procs:  # reaped whatever happened
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+                p.join()
     assert sorted(d for d, _ in results) == [False, False, False, True]
     assert {h for _, h in results} == {m.shards[2].sha256}
     assert sum(n for path, n in proxy.paths.items() if path.endswith(name)) == 1  # one download
@@ -247,7 +269,7 @@ def test_a_killed_fill_leaves_no_torn_file(s3, s3_photo_shards, proxy, tmp_path)
     m = load(s3_photo_shards)
     cache = tmp_path / "c" / "wdsr-shard-cache"
     ctx = mp.get_context("spawn")
-    proxy.stall(10_000, seconds=30, times=1, match=m.shards[0].name.encode())
+    proxy.hold(10_000, times=1, match=m.shards[0].name.encode())  # in flight until the kill
     q = ctx.Queue()  # held here until the child has it
     p = ctx.Process(target=_fill, args=(s3_photo_shards, proxy.endpoint, str(cache.parent), 0, q))
     p.start()
