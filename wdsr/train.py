@@ -137,7 +137,8 @@ class MetricsLog:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                raise ValueError("--tensorboard needs the tensorboard package: pip install 'wdsr[tensorboard]'") from None
+                raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard "
+                                 "(the 'tensorboard' extra)") from None
             self.tb = SummaryWriter(str(folder / "tb"))
         if not run.local:
             log.info("metrics: %s (copied to %s/metrics.jsonl at each checkpoint)", self.path, run.url)
