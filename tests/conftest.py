@@ -1,4 +1,4 @@
-"""Shared fixtures: real photos (scikit-image's bundled set, ../shared/refdata), tiny trees."""
+"""Shared fixtures: real photos (scikit-image's bundled set, tests/data/refdata), tiny trees."""
 from __future__ import annotations
 
 import contextlib
@@ -14,20 +14,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _refdata() -> Path | None:
-    for cand in (os.environ.get("WDSR_REFDATA"), ROOT / "shared" / "refdata", ROOT.parent / "shared" / "refdata"):
+    # WDSR_REFDATA first (a larger or another copy), then the files this repository ships (see
+    # tests/data/refdata/SOURCES.md), then a checkout's ../shared/refdata.
+    for cand in (os.environ.get("WDSR_REFDATA"), ROOT / "tests" / "data" / "refdata", ROOT.parent / "shared" / "refdata"):
         if cand and (Path(cand) / "set5" / "HR").is_dir():
             return Path(cand)
     return None
 
 
 REFDATA = _refdata()
-needs_refdata = pytest.mark.skipif(REFDATA is None, reason="../shared/refdata (Set5, MATLAB references) not found")
+needs_refdata = pytest.mark.skipif(REFDATA is None, reason="tests/data/refdata (Set5, MATLAB references) not found")
 
 
 @pytest.fixture(scope="session")
 def refdata() -> Path:
     if REFDATA is None:
-        pytest.skip("../shared/refdata not found")
+        pytest.skip("tests/data/refdata not found")
     return REFDATA
 
 
