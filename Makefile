@@ -19,9 +19,10 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed lint
 	$(PY) -m pytest -q
 
-# ruff (lint) and mypy on the packages, with the versions pinned in the dev extra; part of `make test`
+# ruff (lint + format check) and mypy on the packages, with the versions pinned in the dev extra; part of `make test`
 lint: $(VENV)/.installed
 	$(PY) -m ruff check shardmaker wdsr
+	$(PY) -m ruff format --check shardmaker wdsr
 	$(PY) -m mypy
 
 # the edit-test loop: no S3 server, no torchrun or other multi-process tests (CI runs `make test`)

@@ -7,6 +7,7 @@ Order of events (what makes it crash-safe):
 3. write ``manifest.json`` (or the part manifest) last, atomically; drop ``_build/``.
 A rerun finds the recorded, complete shards, keeps them, and continues after them.
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -247,8 +248,10 @@ class _Output:
         listed = outdir.listed_names(self.fs, self.root, self.opts.out, parts, records)
         strays = [n for n in names if self._ours(n) and n not in listed and n not in extra_known]
         if strays:
-            raise BuildError(f"{self.opts.out}: holds {strays[0]}, named like a shard, that no wdsr manifest or "
-                             "build record lists; refusing to delete it, even with --overwrite")
+            raise BuildError(
+                f"{self.opts.out}: holds {strays[0]}, named like a shard, that no wdsr manifest or "
+                "build record lists; refusing to delete it, even with --overwrite"
+            )
         if self.opts.part is None:
             listed.discard(self.final_name)  # the whole-build swap writes it last
         return listed, [f"{k}.json" for k in records]
@@ -341,9 +344,7 @@ def _manifest(opts: BuildOptions, fp: str, shards: list[ShardInfo], skipped: lis
 def build(opts: BuildOptions) -> BuildResult:
     """Run a whole (or part) build; see the module docstring for the crash-safety contract."""
     t0 = time.perf_counter()
-    pairs, skipped_scan = scan(
-        opts.hr_src, opts.lr_srcs, opts.sample.mod_crop, opts.skip_errors, opts.sample.storage_options
-    )
+    pairs, skipped_scan = scan(opts.hr_src, opts.lr_srcs, opts.sample.mod_crop, opts.skip_errors, opts.sample.storage_options)
     if opts.lr_srcs:
         scales = tuple(s for s, _, _ in pairs[0].lr)
         if opts.sample.scales and set(opts.sample.scales) != set(scales):
@@ -368,8 +369,16 @@ def _build_locked(opts: BuildOptions, out: _Output, pairs: list[Pair], skipped_s
     done_manifest, conflict = out.finished()
     if done_manifest is not None:
         log.info("%s is already built (same sources and flags); nothing to do", manifest_path)
-        return BuildResult(manifest_path, done_manifest.samples, len(done_manifest.shards), done_manifest.bytes,
-                           len(done_manifest.shards), skipped_scan, time.perf_counter() - t0, opts.part is None)
+        return BuildResult(
+            manifest_path,
+            done_manifest.samples,
+            len(done_manifest.shards),
+            done_manifest.bytes,
+            len(done_manifest.shards),
+            skipped_scan,
+            time.perf_counter() - t0,
+            opts.part is None,
+        )
     conflict = out.conflict(conflict)
     staging = out.path(outdir.STAGING)
     if opts.part is None and (conflict is not None or out.fs.exists(storage.join(staging, MANIFEST))):
@@ -397,9 +406,13 @@ def _build_locked(opts: BuildOptions, out: _Output, pairs: list[Pair], skipped_s
                 skipped.append(item)
             else:
                 size = len(item.tar_bytes)
-                if writer is not None and writer.samples and (
-                    writer.offset + size + 1024 > opts.shard_size
-                    or (opts.max_samples is not None and writer.samples >= opts.max_samples)
+                if (
+                    writer is not None
+                    and writer.samples
+                    and (
+                        writer.offset + size + 1024 > opts.shard_size
+                        or (opts.max_samples is not None and writer.samples >= opts.max_samples)
+                    )
                 ):
                     shards.append(_close(writer, out, index - 1, skipped))
                     writer = None
@@ -432,8 +445,16 @@ def _build_locked(opts: BuildOptions, out: _Output, pairs: list[Pair], skipped_s
     except OSError as exc:
         raise BuildError(f"writing {manifest_path} failed: {exc}") from None
     out.cleanup(shards)
-    return BuildResult(manifest_path, manifest.samples, len(shards), manifest.bytes, reused, skipped_all,
-                       time.perf_counter() - t0, opts.part is None)
+    return BuildResult(
+        manifest_path,
+        manifest.samples,
+        len(shards),
+        manifest.bytes,
+        reused,
+        skipped_all,
+        time.perf_counter() - t0,
+        opts.part is None,
+    )
 
 
 def _replace(opts: BuildOptions, out: _Output, staging: str) -> BuildResult:
@@ -464,8 +485,9 @@ class PartsPending(BuildError):
     """Not every part of a ``--part I/N`` build has written its part manifest yet."""
 
 
-def merge_when_ready(out_url: str, wait_s: float, poll_s: float = 10.0,
-                     storage_options: dict[str, Any] | None = None) -> Manifest:
+def merge_when_ready(
+    out_url: str, wait_s: float, poll_s: float = 10.0, storage_options: dict[str, Any] | None = None
+) -> Manifest:
     """``merge``, retried every ``poll_s`` while parts are still being built, for up to ``wait_s``
     seconds (a merge Job started next to the part builds waits for them)."""
     deadline = time.monotonic() + wait_s
@@ -523,8 +545,7 @@ def merge(out_url: str, storage_options: dict[str, Any] | None = None) -> Manife
             raise BuildError(f"{out_url}: shard {s.name} listed by a part manifest is missing") from None
         if size != s.bytes:
             raise BuildError(f"{out_url}: shard {s.name} has {size} bytes, its part manifest says {s.bytes}")
-    build_info = dict(first.build, part=None, parts=total,
-                      skipped=[x for m in manifests for x in m.build.get("skipped", [])])
+    build_info = dict(first.build, part=None, parts=total, skipped=[x for m in manifests for x in m.build.get("skipped", [])])
     merged = Manifest(first.codec, first.scales, first.lr_method, shards, build_info)
     storage.write_atomic(fs, storage.join(root, MANIFEST), merged.dumps())
     return merged

@@ -1,4 +1,5 @@
 """``shardmaker`` command line: parsing only; the work lives in build.py and verify.py."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,6 +8,7 @@ import os
 import re
 import signal
 import sys
+from typing import NoReturn
 
 from shardmaker import __version__
 from shardmaker.build import BuildOptions, build, merge_when_ready
@@ -17,8 +19,19 @@ from shardmaker.sample import PROVIDED, SampleConfig
 from shardmaker.verify import info_text, verify
 
 log = logging.getLogger("shardmaker")
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+}
 
 
 def parse_size(text: str) -> int:
@@ -52,7 +65,7 @@ def parse_part(text: str) -> tuple[int, int]:
 class OneLineParser(argparse.ArgumentParser):
     """Usage errors as one line (exit 2), pointing at --help instead of printing the whole usage."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -74,56 +87,125 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, warnings and errors only")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
-    b = sub.add_parser("build", help="build shards from a folder of HR images",
-                       description="Build shards from HR_SRC (PNG/JPEG/TIFF/BMP/WebP, 8/16-bit, grey/RGB) into OUT "
-                       "(a folder or fsspec URL). LR images come from --lr folders, or are made with "
-                       "MATLAB-exact bicubic (imresize) at --scale.")
-    b.add_argument("hr_src", metavar="HR_SRC", help="folder of HR images (searched recursively; symbolic links are "
-                   "followed, also out of the folder; FIFOs and other non-regular files are skipped with a warning)")
+    b = sub.add_parser(
+        "build",
+        help="build shards from a folder of HR images",
+        description="Build shards from HR_SRC (PNG/JPEG/TIFF/BMP/WebP, 8/16-bit, grey/RGB) into OUT "
+        "(a folder or fsspec URL). LR images come from --lr folders, or are made with "
+        "MATLAB-exact bicubic (imresize) at --scale.",
+    )
+    b.add_argument(
+        "hr_src",
+        metavar="HR_SRC",
+        help="folder of HR images (searched recursively; symbolic links are "
+        "followed, also out of the folder; FIFOs and other non-regular files are skipped with a warning)",
+    )
     b.add_argument("out", metavar="OUT", help="output folder or URL (memory://, s3://bucket/prefix, ...)")
-    b.add_argument("--lr", action="append", default=[], metavar="SRC",
-                   help="folder of provided LR images, one per scale (repeatable); pairs by relative name, "
-                   "or name + 'x<scale>' (babyx4.png); the scale is read from the size ratio")
-    b.add_argument("--scale", type=parse_scales, default=None,
-                   help="scales to generate without --lr, e.g. 4 or 2,3,4 (default 4)")
-    b.add_argument("--lr-method", choices=[m.value for m in ResizeMethod], default=ResizeMethod.MATLAB.value,
-                   help="matlab (default): imresize on im2double input, rounded once (BasicSR); matlab-uint8: "
-                   "imresize on uint8 input, rounded after each pass (Set5/Set14/RCAN test sets)")
-    b.add_argument("--codec", choices=[c.value for c in Codec], default=Codec.PNG.value,
-                   help="png (default): 8/16-bit, grey/RGB; qoi: 8-bit RGB only, 2.4-2.8x faster to decode, ~25%% larger")
-    b.add_argument("--png-level", type=int, default=1, choices=range(10), metavar="0-9",
-                   help="zlib level (default 1: run-length deflate, ~5x faster to encode than level 6)")
-    b.add_argument("--shard-size", type=parse_size, default=parse_size("256MB"),
-                   help="start a new shard past this size (default 256MB; units kB, MB, GB, KiB, MiB, GiB)")
+    b.add_argument(
+        "--lr",
+        action="append",
+        default=[],
+        metavar="SRC",
+        help="folder of provided LR images, one per scale (repeatable); pairs by relative name, "
+        "or name + 'x<scale>' (babyx4.png); the scale is read from the size ratio",
+    )
+    b.add_argument(
+        "--scale", type=parse_scales, default=None, help="scales to generate without --lr, e.g. 4 or 2,3,4 (default 4)"
+    )
+    b.add_argument(
+        "--lr-method",
+        choices=[m.value for m in ResizeMethod],
+        default=ResizeMethod.MATLAB.value,
+        help="matlab (default): imresize on im2double input, rounded once (BasicSR); matlab-uint8: "
+        "imresize on uint8 input, rounded after each pass (Set5/Set14/RCAN test sets)",
+    )
+    b.add_argument(
+        "--codec",
+        choices=[c.value for c in Codec],
+        default=Codec.PNG.value,
+        help="png (default): 8/16-bit, grey/RGB; qoi: 8-bit RGB only, 2.4-2.8x faster to decode, ~25%% larger",
+    )
+    b.add_argument(
+        "--png-level",
+        type=int,
+        default=1,
+        choices=range(10),
+        metavar="0-9",
+        help="zlib level (default 1: run-length deflate, ~5x faster to encode than level 6)",
+    )
+    b.add_argument(
+        "--shard-size",
+        type=parse_size,
+        default=parse_size("256MB"),
+        help="start a new shard past this size (default 256MB; units kB, MB, GB, KiB, MiB, GiB)",
+    )
     b.add_argument("--max-samples", type=int, default=None, help="at most this many samples per shard (default: no limit)")
-    b.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 16),
-                   help="encoding processes (default: all cores, at most 16); the output bytes do not depend on it")
+    b.add_argument(
+        "--workers",
+        type=int,
+        default=min(os.cpu_count() or 1, 16),
+        help="encoding processes (default: all cores, at most 16); the output bytes do not depend on it",
+    )
     b.add_argument("--seed", type=int, default=0, help="seed of the sample order shuffle (default 0)")
-    b.add_argument("--part", type=parse_part, default=None, metavar="I/N",
-                   help="build only slice I of N (0-based; a Kubernetes Indexed Job index), then `shardmaker merge OUT`")
-    b.add_argument("--mod-crop", action=argparse.BooleanOptionalAction, default=True,
-                   help="allow HR sides up to s-1 px larger than s x LR; the pair is HR[:s*h, :s*w] (default: on)")
-    b.add_argument("--on-error", choices=["fail", "skip"], default="fail",
-                   help="fail (default): stop at the first bad file, exit 2; skip: leave it out, list it in the summary")
+    b.add_argument(
+        "--part",
+        type=parse_part,
+        default=None,
+        metavar="I/N",
+        help="build only slice I of N (0-based; a Kubernetes Indexed Job index), then `shardmaker merge OUT`",
+    )
+    b.add_argument(
+        "--mod-crop",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="allow HR sides up to s-1 px larger than s x LR; the pair is HR[:s*h, :s*w] (default: on)",
+    )
+    b.add_argument(
+        "--on-error",
+        choices=["fail", "skip"],
+        default="fail",
+        help="fail (default): stop at the first bad file, exit 2; skip: leave it out, list it in the summary",
+    )
     b.add_argument("--drop-alpha", action="store_true", help="accept RGBA/grey+alpha images by dropping alpha")
-    b.add_argument("--max-pixels", type=int, default=1 << 28,
-                   help="refuse images with more pixels than this (decompression-bomb guard; default 2^28)")
-    b.add_argument("--overwrite", action="store_true",
-                   help="replace a different wdsr dataset already in OUT: the new one is built in OUT/_staging and "
-                   "swapped in only once complete; only files the old manifest lists are deleted")
-    b.add_argument("--strict-resume", action="store_true",
-                   help="a rerun keeps finished shards only if every source's content hash is unchanged (reads all "
-                   "sources once more); by default file size and modification time decide")
+    b.add_argument(
+        "--max-pixels",
+        type=int,
+        default=1 << 28,
+        help="refuse images with more pixels than this (decompression-bomb guard; default 2^28)",
+    )
+    b.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a different wdsr dataset already in OUT: the new one is built in OUT/_staging and "
+        "swapped in only once complete; only files the old manifest lists are deleted",
+    )
+    b.add_argument(
+        "--strict-resume",
+        action="store_true",
+        help="a rerun keeps finished shards only if every source's content hash is unchanged (reads all "
+        "sources once more); by default file size and modification time decide",
+    )
 
-    g = sub.add_parser("merge", help="write manifest.json from the part manifests of a --part build",
-                       description="Join the part manifests of a `build --part I/N` run into OUT/manifest.json.")
+    g = sub.add_parser(
+        "merge",
+        help="write manifest.json from the part manifests of a --part build",
+        description="Join the part manifests of a `build --part I/N` run into OUT/manifest.json.",
+    )
     g.add_argument("out", metavar="OUT")
-    g.add_argument("--wait", type=float, default=0, metavar="SECONDS",
-                   help="while parts are still being built, check again every 10 s for up to SECONDS "
-                   "(a merge Job started next to the part builds; default 0: fail at once)")
-    v = sub.add_parser("verify", help="check shards against the manifest (exit 1 on any mismatch)",
-                       description="Check each shard's size, sha256, sample keys and offsets against the manifest; "
-                       "--deep also decodes every pair, checks HR = s x LR and the per-member sha256 in {key}.json.")
+    g.add_argument(
+        "--wait",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="while parts are still being built, check again every 10 s for up to SECONDS "
+        "(a merge Job started next to the part builds; default 0: fail at once)",
+    )
+    v = sub.add_parser(
+        "verify",
+        help="check shards against the manifest (exit 1 on any mismatch)",
+        description="Check each shard's size, sha256, sample keys and offsets against the manifest; "
+        "--deep also decodes every pair, checks HR = s x LR and the per-member sha256 in {key}.json.",
+    )
     v.add_argument("url", metavar="URL")
     v.add_argument("--deep", action="store_true", help="decode every image and check sizes and member hashes")
     i = sub.add_parser("info", help="summary: samples, shards, bytes, scales, codec, HR size range")
@@ -135,17 +217,37 @@ def _build(args: argparse.Namespace) -> int:
     # With --lr, the scales come from the LR folders; --scale, if given, must agree with them.
     scales = args.scale or (() if args.lr else (4,))
     method = PROVIDED if args.lr else args.lr_method
-    cfg = SampleConfig(scales=scales, codec=Codec(args.codec), png_level=args.png_level, lr_method=method,
-                       mod_crop=args.mod_crop, drop_alpha=args.drop_alpha, max_pixels=args.max_pixels)
-    opts = BuildOptions(hr_src=args.hr_src, out=args.out, lr_srcs=tuple(args.lr), sample=cfg,
-                        shard_size=args.shard_size, max_samples=args.max_samples, workers=args.workers,
-                        seed=args.seed, part=args.part, skip_errors=args.on_error == "skip",
-                        overwrite=args.overwrite, progress=not args.quiet, strict_resume=args.strict_resume)
+    cfg = SampleConfig(
+        scales=scales,
+        codec=Codec(args.codec),
+        png_level=args.png_level,
+        lr_method=method,
+        mod_crop=args.mod_crop,
+        drop_alpha=args.drop_alpha,
+        max_pixels=args.max_pixels,
+    )
+    opts = BuildOptions(
+        hr_src=args.hr_src,
+        out=args.out,
+        lr_srcs=tuple(args.lr),
+        sample=cfg,
+        shard_size=args.shard_size,
+        max_samples=args.max_samples,
+        workers=args.workers,
+        seed=args.seed,
+        part=args.part,
+        skip_errors=args.on_error == "skip",
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+        strict_resume=args.strict_resume,
+    )
     res = build(opts)
     rate = res.samples / res.seconds if res.seconds else 0.0
-    print(f"wrote {res.manifest_path}: {res.samples} samples in {res.shards} shards, "
-          f"{res.bytes / 1e6:.1f} MB ({res.reused_shards} shards kept from an earlier run), "
-          f"{res.seconds:.1f} s, {rate:.2f} images/s")
+    print(
+        f"wrote {res.manifest_path}: {res.samples} samples in {res.shards} shards, "
+        f"{res.bytes / 1e6:.1f} MB ({res.reused_shards} shards kept from an earlier run), "
+        f"{res.seconds:.1f} s, {rate:.2f} images/s"
+    )
     if res.skipped:
         print(f"skipped {len(res.skipped)} source file(s):")
         for s in res.skipped:

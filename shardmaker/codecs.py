@@ -3,6 +3,7 @@
 Arrays are ``HxW`` (grey) or ``HxWx3`` (RGB), dtype uint8 or uint16. Decoding never runs
 anything but an image decoder: no pickles, no arbitrary objects.
 """
+
 from __future__ import annotations
 
 import enum
@@ -18,8 +19,7 @@ from PIL import Image
 
 # Pillow's own bomb guard (Image.MAX_IMAGE_PIXELS) is left as the user set it: we never change it
 # for the process. Our limit (check_pixels, --max-pixels) is checked from the header first.
-_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".tif": "TIFF", ".tiff": "TIFF", ".bmp": "BMP",
-            ".webp": "WEBP"}
+_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".tif": "TIFF", ".tiff": "TIFF", ".bmp": "BMP", ".webp": "WEBP"}
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SOURCE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp")
@@ -91,8 +91,10 @@ def _decode_pillow(data: bytes) -> np.ndarray:
             im = Image.open(io.BytesIO(data))
             im.load()
     except Image.DecompressionBombError:
-        raise ImageDataError(f"over Pillow's own limit of {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels "
-                             "(PIL.Image.MAX_IMAGE_PIXELS, which wdsr never changes); PNG sources have no such limit") from None
+        raise ImageDataError(
+            f"over Pillow's own limit of {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels "
+            "(PIL.Image.MAX_IMAGE_PIXELS, which wdsr never changes); PNG sources have no such limit"
+        ) from None
     except Exception as exc:
         raise ImageDataError(f"corrupt, truncated or unknown image ({exc})") from None
     if im.mode in ("I;16", "I;16B", "I;16L"):

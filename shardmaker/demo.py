@@ -2,6 +2,7 @@
 
 No download at run time: the photos ship inside the scikit-image wheel (the ``demo`` extra).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,8 +13,16 @@ from pathlib import Path
 
 from shardmaker.cli import main as shardmaker_main
 
-PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "motorcycle_left.png", "ihc.png",
-          "rocket.jpg", "hubble_deep_field.jpg", "retina.jpg")
+PHOTOS = (
+    "astronaut.png",
+    "chelsea.png",
+    "coffee.png",
+    "motorcycle_left.png",
+    "ihc.png",
+    "rocket.jpg",
+    "hubble_deep_field.jpg",
+    "retina.jpg",
+)
 
 
 def bundled_photos(dest: Path) -> Path:
@@ -48,8 +57,11 @@ def upload_photos(url: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", default="demo-out", help="work folder (default: demo-out)")
-    p.add_argument("--photos-to", metavar="URL", help="only copy the bundled photos to this folder URL and stop "
-                   "(seeds the k8s local-dev bucket)")
+    p.add_argument(
+        "--photos-to",
+        metavar="URL",
+        help="only copy the bundled photos to this folder URL and stop (seeds the k8s local-dev bucket)",
+    )
     args = p.parse_args(argv)
     if args.photos_to:
         print(f"copied {upload_photos(args.photos_to)} photos to {args.photos_to}")

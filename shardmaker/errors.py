@@ -1,5 +1,8 @@
 """Error types. Every message names the file, shard or key and what is wrong with it."""
+
 from __future__ import annotations
+
+from typing import Any
 
 
 class ShardmakerError(Exception):
@@ -14,7 +17,7 @@ class InputError(ShardmakerError, ValueError):
         self.path = path
         self.reason = reason
 
-    def __reduce__(self):  # keep (path, reason) across worker processes
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # keep (path, reason) across worker processes
         return (type(self), (self.path, self.reason))
 
 

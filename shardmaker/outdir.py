@@ -9,6 +9,7 @@
   OUT lists. ``/``, the home folder, and folders whose ``manifest.json`` is not a wdsr manifest,
   or that hold shard-named files no wdsr record lists, are refused.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,8 +55,9 @@ def locked(fs: fsspec.AbstractFileSystem, root: str, url: str, name: str = ".sha
                 who = f"pid {holder.get('pid')} on {holder.get('host')}"
             except ValueError:
                 who = "another process"
-            raise BuildError(f"{url} is being written by another shardmaker ({who}, lock {path}); "
-                             "wait for it to finish or stop it") from None
+            raise BuildError(
+                f"{url} is being written by another shardmaker ({who}, lock {path}); wait for it to finish or stop it"
+            ) from None
         info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}).encode()
         os.ftruncate(fd, 0)
         os.pwrite(fd, info, 0)
@@ -85,8 +87,9 @@ def _read_json(fs: fsspec.AbstractFileSystem, path: str) -> Any:
         return ...  # present but not JSON
 
 
-def listed_names(fs: fsspec.AbstractFileSystem, root: str, url: str, part_manifests: list[str],
-                 records: dict[str, Any]) -> set[str]:
+def listed_names(
+    fs: fsspec.AbstractFileSystem, root: str, url: str, part_manifests: list[str], records: dict[str, Any]
+) -> set[str]:
     """Files of OUT that wdsr wrote, by what its manifests and build records list. A manifest.json
     that is not a wdsr manifest is refused: it belongs to someone else."""
     names: set[str] = set()
@@ -98,8 +101,10 @@ def listed_names(fs: fsspec.AbstractFileSystem, root: str, url: str, part_manife
         try:
             m = parse(raw, storage.join(root, name), allow_empty=True)
         except ManifestError as exc:
-            raise BuildError(f"{url}: {name} is not a wdsr manifest ({exc.reason or exc}); refusing to replace "
-                             "or delete anything in this folder, even with --overwrite") from None
+            raise BuildError(
+                f"{url}: {name} is not a wdsr manifest ({exc.reason or exc}); refusing to replace "
+                "or delete anything in this folder, even with --overwrite"
+            ) from None
         names.add(name)
         names.update(s.name for s in m.shards)
     for record in records.values():

@@ -12,6 +12,7 @@ match MATLAB to the last bit:
 
 The work is O(out * taps) per axis: no dense matrices, processed in cache-sized row blocks.
 """
+
 from __future__ import annotations
 
 import enum

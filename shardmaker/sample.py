@@ -1,4 +1,5 @@
 """Per-sample work, run in build worker processes: read, check, make LR, encode, describe."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,8 +62,7 @@ def _read(url: str, storage_options: dict[str, Any]) -> bytes:
 
 def _load(url: str, cfg: SampleConfig) -> np.ndarray:
     try:
-        return codecs.load_source(_read(url, cfg.storage_options), cfg.drop_alpha, cfg.max_pixels,
-                                  posixpath.splitext(url)[1])
+        return codecs.load_source(_read(url, cfg.storage_options), cfg.drop_alpha, cfg.max_pixels, posixpath.splitext(url)[1])
     except ImageDataError as exc:
         raise InputError(url, str(exc)) from None
 

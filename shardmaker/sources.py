@@ -4,6 +4,7 @@ Pairing: an LR file pairs with the HR file of the same relative stem, or of that
 ``x{s}`` suffix removed (``0001x4.png``, ``babyx4.png``: DIV2K and Set5 naming). The scale is
 read from the size ratio (HR may exceed s x LR by less than s on each side: the usual mod-crop).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,8 +61,7 @@ def _stamp(info: dict[str, Any]) -> str:
     return f"{info.get('size')}:{tag}"
 
 
-def _list_images(fs: fsspec.AbstractFileSystem, root: str, exclude: Iterable[str] = (),
-                 problem: Any = None) -> dict[str, str]:
+def _list_images(fs: fsspec.AbstractFileSystem, root: str, exclude: Iterable[str] = (), problem: Any = None) -> dict[str, str]:
     """Image files under ``root``: path -> stamp. Files that are not regular files (FIFOs,
     sockets, devices) and names that are not UTF-8 are reported to ``problem`` and left out.
     Symbolic links are followed, also where they point outside ``root``."""
@@ -264,4 +264,3 @@ def scan(
     if not pairs:
         raise InputError(hr_url, "no usable HR/LR pairs (all skipped)")
     return pairs, out.skipped
-

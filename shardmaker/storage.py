@@ -3,6 +3,7 @@
 Local and in-memory filesystems get "write temp, then rename". Object stores (S3, GCS, Azure)
 publish an object only when its upload completes, so we write the final name directly there.
 """
+
 from __future__ import annotations
 
 import posixpath

@@ -1,4 +1,5 @@
 """``shardmaker verify`` and ``shardmaker info``: check shards against the manifest, summarise."""
+
 from __future__ import annotations
 
 import hashlib
@@ -39,8 +40,9 @@ def _group(data: bytes, where: str) -> Iterator[tuple[str, int, dict[str, bytes]
         yield key, start, members
 
 
-def _check_pair(m: Manifest, key: str, members: dict[str, bytes], hr_size: list[int],
-                max_pixels: int = headers.DEFAULT_MAX_PIXELS) -> list[str]:
+def _check_pair(
+    m: Manifest, key: str, members: dict[str, bytes], hr_size: list[int], max_pixels: int = headers.DEFAULT_MAX_PIXELS
+) -> list[str]:
     """Deep checks of one sample; returns problems (empty when fine)."""
     problems = []
     try:

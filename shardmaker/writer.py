@@ -1,4 +1,5 @@
 """Stream samples into one tar shard, published atomically with its sha256 and offsets."""
+
 from __future__ import annotations
 
 import collections

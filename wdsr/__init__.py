@@ -1,9 +1,10 @@
 """wdsr: stream aligned multi-patch super-resolution batches from wdsr-shards/1 tar shards.
 
-    ds = wdsr.SRDataset(url, scale=4, patch_size=192, patches_per_image=16, batch_size=16)
-    loader = wdsr.make_loader(ds, num_workers=8)    # len(loader) = batches per rank per epoch
-    for lr, hr in loader: sr = model(wdsr.to_float(lr.cuda()))
+ds = wdsr.SRDataset(url, scale=4, patch_size=192, patches_per_image=16, batch_size=16)
+loader = wdsr.make_loader(ds, num_workers=8)    # len(loader) = batches per rank per epoch
+for lr, hr in loader: sr = model(wdsr.to_float(lr.cuda()))
 """
+
 from wdsr.dataset import SRDataset, ValSample
 from wdsr.errors import SampleError
 from wdsr.loader import SRLoader, make_loader, to_float

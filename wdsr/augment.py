@@ -1,4 +1,5 @@
 """The 8 dihedral transforms (rotations by 90 degrees, with or without a flip), out of place."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -3,6 +3,7 @@
 The naive baseline is the popular map-style Dataset that decodes the whole HR/LR pair for every
 patch it returns (BasicSR-style ``PairedImageDataset`` on the same shards, same decoder).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,13 +49,33 @@ class BenchResult:
         return self.patches_per_s / self.ceiling if self.ceiling else float("nan")
 
 
-def bench_stream(url: str, workers: int = 2, batch_size: int = 16, k: int = 16, patch_size: int = 192, scale: int = 4,
-                 seconds: float = 20.0, verify: str = "xxh3_64", shuffle_buffer: int = 256,
-                 storage_options: dict[str, Any] | None = None, name: str = "wdsr", **read: Any) -> BenchResult:
+def bench_stream(
+    url: str,
+    workers: int = 2,
+    batch_size: int = 16,
+    k: int = 16,
+    patch_size: int = 192,
+    scale: int = 4,
+    seconds: float = 20.0,
+    verify: str = "xxh3_64",
+    shuffle_buffer: int = 256,
+    storage_options: dict[str, Any] | None = None,
+    name: str = "wdsr",
+    **read: Any,
+) -> BenchResult:
     """Stream ``url`` for ``seconds`` after a warm-up; ``read`` goes to SRDataset (read_ahead, cache_dir, ...)."""
     t_start = time.perf_counter()
-    ds = SRDataset(url, scale=scale, patch_size=patch_size, patches_per_image=k, batch_size=batch_size,
-                   shuffle_buffer=shuffle_buffer, verify=verify, storage_options=storage_options, **read)
+    ds = SRDataset(
+        url,
+        scale=scale,
+        patch_size=patch_size,
+        patches_per_image=k,
+        batch_size=batch_size,
+        shuffle_buffer=shuffle_buffer,
+        verify=verify,
+        storage_options=storage_options,
+        **read,
+    )
     loader = make_loader(ds, num_workers=workers, pin_memory=False)
     first_batch_s = float("nan")
     # Warm up past the shuffle-buffer fill: until then workers decode without emitting, and
@@ -86,10 +107,23 @@ def bench_stream(url: str, workers: int = 2, batch_size: int = 16, k: int = 16, 
     cores = min(max(1, workers), os.cpu_count() or 1)
     ceiling = cores * 1000.0 / (decode_ms / k + patch_ms)
     opens = after["cache_hits"] + after["cache_misses"]
-    res = BenchResult(name, batches * batch_size / dt, d["bytes_read"] / 1e6 / dt,
-                      d["decode_ns"] / 1e9 / (dt * max(1, workers)), decode_ms, verify_ms, patch_ms, ceiling,
-                      after["peak_rss_kb_per_worker"] / 1024, after["peak_private_kb_per_worker"] / 1024, dt, batches,
-                      first_batch_s, after["cache_hits"] / opens if opens else float("nan"), after["retries"])
+    res = BenchResult(
+        name,
+        batches * batch_size / dt,
+        d["bytes_read"] / 1e6 / dt,
+        d["decode_ns"] / 1e9 / (dt * max(1, workers)),
+        decode_ms,
+        verify_ms,
+        patch_ms,
+        ceiling,
+        after["peak_rss_kb_per_worker"] / 1024,
+        after["peak_private_kb_per_worker"] / 1024,
+        dt,
+        batches,
+        first_batch_s,
+        after["cache_hits"] / opens if opens else float("nan"),
+        after["retries"],
+    )
     del loader
     return res
 
@@ -102,8 +136,15 @@ class NaiveDataset(Dataset):
     ``decoder="same"`` uses wdsr's own decoders (libspng / QOI).
     """
 
-    def __init__(self, url: str, scale: int, patch_size: int, decoder: str = "pillow", enlarge: int = 100,
-                 storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        scale: int,
+        patch_size: int,
+        decoder: str = "pillow",
+        enlarge: int = 100,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
         self.manifest = mf.load(url, storage_options)
         self.reader = ShardReader(url, self.manifest, storage_options)
         self.index = [(s, i) for s, sh in enumerate(self.manifest.shards) for i in range(sh.samples)]
@@ -134,8 +175,16 @@ class NaiveDataset(Dataset):
         return torch.from_numpy(lr), torch.from_numpy(hr)
 
 
-def bench_naive(url: str, workers: int = 2, batch_size: int = 16, patch_size: int = 192, scale: int = 4,
-                seconds: float = 20.0, decoder: str = "pillow", storage_options: dict[str, Any] | None = None) -> BenchResult:
+def bench_naive(
+    url: str,
+    workers: int = 2,
+    batch_size: int = 16,
+    patch_size: int = 192,
+    scale: int = 4,
+    seconds: float = 20.0,
+    decoder: str = "pillow",
+    storage_options: dict[str, Any] | None = None,
+) -> BenchResult:
     ds = NaiveDataset(url, scale, patch_size, decoder, storage_options=storage_options)
     extra: dict[str, Any] = {"persistent_workers": True, "worker_init_fn": _worker_init} if workers else {}
     loader = DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers, drop_last=True, **extra)
@@ -154,21 +203,38 @@ def bench_naive(url: str, workers: int = 2, batch_size: int = 16, patch_size: in
     dt = time.perf_counter() - t0
     batches = n - warm
     name = f"naive decode-per-patch ({'Pillow' if decoder == 'pillow' else 'same decoders'})"
-    return BenchResult(name, batches * batch_size / dt, float("nan"), float("nan"), float("nan"),
-                       float("nan"), float("nan"), float("nan"), float("nan"), float("nan"), dt, batches)
+    return BenchResult(
+        name,
+        batches * batch_size / dt,
+        float("nan"),
+        float("nan"),
+        float("nan"),
+        float("nan"),
+        float("nan"),
+        float("nan"),
+        float("nan"),
+        float("nan"),
+        dt,
+        batches,
+    )
 
 
 def table(results: list[BenchResult], k: int) -> str:
-    head = ("| loader | patches/s | MB/s read | decode share | decode ms/sample | verify ms/sample | ms/patch "
-            "| ceiling | of ceiling | peak RSS/worker | private/worker | first batch | cache hits | retries |")
+    head = (
+        "| loader | patches/s | MB/s read | decode share | decode ms/sample | verify ms/sample | ms/patch "
+        "| ceiling | of ceiling | peak RSS/worker | private/worker | first batch | cache hits | retries |"
+    )
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for r in results:
+
         def f(v: float, fmt: str) -> str:
             return "-" if v != v else format(v, fmt)
-        lines.append(f"| {r.name} | {r.patches_per_s:.1f} | {f(r.mb_per_s, '.1f')} | {f(r.decode_share * 100, '.0f')}% | "
-                     f"{f(r.decode_ms, '.1f')} | {f(r.verify_ms, '.1f')} | {f(r.patch_ms, '.2f')} | "
-                     f"{f(r.ceiling, '.1f')} | {f(r.efficiency * 100, '.0f')}% | "
-                     f"{f(r.peak_rss_mb, '.0f')} MB | {f(r.peak_private_mb, '.0f')} MB | {f(r.first_batch_s, '.2f')} s | "
-                     f"{f(r.cache_hit_rate * 100, '.0f')}% | {r.retries} |")
-    return "\n".join(lines)
 
+        lines.append(
+            f"| {r.name} | {r.patches_per_s:.1f} | {f(r.mb_per_s, '.1f')} | {f(r.decode_share * 100, '.0f')}% | "
+            f"{f(r.decode_ms, '.1f')} | {f(r.verify_ms, '.1f')} | {f(r.patch_ms, '.2f')} | "
+            f"{f(r.ceiling, '.1f')} | {f(r.efficiency * 100, '.0f')}% | "
+            f"{f(r.peak_rss_mb, '.0f')} MB | {f(r.peak_private_mb, '.0f')} MB | {f(r.first_batch_s, '.2f')} s | "
+            f"{f(r.cache_hit_rate * 100, '.0f')}% | {r.retries} |"
+        )
+    return "\n".join(lines)

@@ -12,6 +12,7 @@ file) and only ever touches names it made there (pattern-checked), never the use
 A cached shard counts as a hit only with the ``.ok`` record written when its fill was checked
 (sha256, size, inode, mtime): a file that was put there some other way is refilled, not trusted.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -66,8 +67,9 @@ class ShardCache:
             return
         self.root.mkdir(parents=True, exist_ok=True)
         if any(e.name != _MARKER for e in os.scandir(self.root)):
-            raise ValueError(f"{self.root} exists and is not a wdsr shard cache (no {_MARKER}); "
-                             "choose another cache_dir or remove it")
+            raise ValueError(
+                f"{self.root} exists and is not a wdsr shard cache (no {_MARKER}); choose another cache_dir or remove it"
+            )
         (self.root / _MARKER).write_text("wdsr shard cache: files here are managed (and deleted) by wdsr\n")
 
     def path(self, info: ShardInfo) -> Path:
@@ -88,8 +90,10 @@ class ShardCache:
             record = json.loads(self._ok(path).read_text())
         except (FileNotFoundError, ValueError):
             return None
-        if record != {"sha256": info.sha256, "size": info.bytes, "ino": st.st_ino, "mtime_ns": st.st_mtime_ns} \
-                or st.st_size != info.bytes:
+        if (
+            record != {"sha256": info.sha256, "size": info.bytes, "ino": st.st_ino, "mtime_ns": st.st_mtime_ns}
+            or st.st_size != info.bytes
+        ):
             return None  # replaced or planted since it was checked: not trusted
         with contextlib.suppress(OSError):
             os.utime(self._ok(path))  # LRU order lives on the record, so the shard's own stamp stays
@@ -104,8 +108,12 @@ class ShardCache:
         if self.limit is not None and info.bytes > self.limit:
             if not self._too_big_logged:
                 self._too_big_logged = True
-                log.warning("cache_limit %d B is smaller than shard %s (%d B): such shards are not cached",
-                            self.limit, info.name, info.bytes)
+                log.warning(
+                    "cache_limit %d B is smaller than shard %s (%d B): such shards are not cached",
+                    self.limit,
+                    info.name,
+                    info.bytes,
+                )
             return None, False
         self._ensure()
         final = self.path(info)
@@ -121,14 +129,19 @@ class ShardCache:
             digest = hashlib.sha256()
             try:
                 with open(temp, "wb") as f:
+
                     def write(data: bytes) -> None:
                         digest.update(data)
                         f.write(data)
+
                     download(write)
                     size = f.tell()
                 if size != info.bytes or digest.hexdigest() != info.sha256:
-                    raise CacheMismatch(info.name, f"the object has {size} bytes / sha256 {digest.hexdigest()[:16]}..., "
-                                        f"the manifest says {info.bytes} / {info.sha256[:16]}... (replaced or corrupt)")
+                    raise CacheMismatch(
+                        info.name,
+                        f"the object has {size} bytes / sha256 {digest.hexdigest()[:16]}..., "
+                        f"the manifest says {info.bytes} / {info.sha256[:16]}... (replaced or corrupt)",
+                    )
                 os.replace(temp, final)
                 st = final.stat()
                 record = {"sha256": info.sha256, "size": info.bytes, "ino": st.st_ino, "mtime_ns": st.st_mtime_ns}

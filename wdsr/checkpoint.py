@@ -6,6 +6,7 @@ Layout: ``OUT/run.json`` (the run's settings), ``OUT/checkpoints/step-00001000.p
 object appears only when its upload completes, and the pointer is written after it. Checkpoints
 are read with ``torch.load(weights_only=True)``: tensors and plain values only, never pickled code.
 """
+
 from __future__ import annotations
 
 import io

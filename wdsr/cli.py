@@ -1,4 +1,5 @@
 """``wdsr`` command line: ``bench``, ``preview``, ``train``. Parsing only; the work is in bench.py/preview.py/train.py."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,9 +16,12 @@ from wdsr.trainconfig import DEFAULT_STEPS
 def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="wdsr", description="Stream aligned SR patch batches from wdsr-shards/1 datasets.")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    b = sub.add_parser("bench", help="measure patches/s, MB/s read, decode share and memory per worker",
-                       description="Stream a dataset for --seconds and print a table (after a short warm-up). "
-                       "--compare-naive also runs the decode-per-patch map-style Dataset on the same shards.")
+    b = sub.add_parser(
+        "bench",
+        help="measure patches/s, MB/s read, decode share and memory per worker",
+        description="Stream a dataset for --seconds and print a table (after a short warm-up). "
+        "--compare-naive also runs the decode-per-patch map-style Dataset on the same shards.",
+    )
     b.add_argument("url", metavar="URL")
     b.add_argument("--workers", type=int, default=2, help="DataLoader workers (default 2)")
     b.add_argument("--batch-size", type=int, default=16, help="patches per batch (default 16)")
@@ -26,19 +30,33 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--scale", type=int, default=4, help="which LR (default 4)")
     b.add_argument("--seconds", type=float, default=20.0, help="measuring time per loader (default 20)")
     b.add_argument("--shuffle-buffer", type=int, default=256, help="patches in each worker's shuffle buffer (default 256)")
-    b.add_argument("--verify", choices=["none", "xxh3_64", "sha256"], default="xxh3_64",
-                   help="check image members against their digests in {key}.json before decoding (default xxh3_64)")
+    b.add_argument(
+        "--verify",
+        choices=["none", "xxh3_64", "sha256"],
+        default="xxh3_64",
+        help="check image members against their digests in {key}.json before decoding (default xxh3_64)",
+    )
     b.add_argument("--compare-naive", action="store_true", help="also run the decode-per-patch baseline; print the ratio")
-    b.add_argument("--compare", metavar="URL2", help="also stream URL2 (e.g. the same shards in S3) right after URL, "
-                   "same settings; print URL2 / URL")
+    b.add_argument(
+        "--compare",
+        metavar="URL2",
+        help="also stream URL2 (e.g. the same shards in S3) right after URL, same settings; print URL2 / URL",
+    )
     b.add_argument("--read-ahead", type=int, default=1, help="remote: samples fetched while one decodes (default 1; 0 = off)")
-    b.add_argument("--fetch", choices=["ranges", "fsspec"], default="ranges",
-                   help="remote: our resilient range reads (default) or an fsspec file with its read-ahead block cache")
+    b.add_argument(
+        "--fetch",
+        choices=["ranges", "fsspec"],
+        default="ranges",
+        help="remote: our resilient range reads (default) or an fsspec file with its read-ahead block cache",
+    )
     b.add_argument("--cache-dir", help="remote: keep whole shards in this local folder (LRU); the table shows the hit rate")
     b.add_argument("--cache-limit", type=float, help="remote: cache size limit in GB (default: no limit)")
     b.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    v = sub.add_parser("preview", help="write a contact sheet of LR (nearest-upscaled) | HR patch pairs",
-                       description="Draw patches as the training loop sees them (augmented), LR left of its HR.")
+    v = sub.add_parser(
+        "preview",
+        help="write a contact sheet of LR (nearest-upscaled) | HR patch pairs",
+        description="Draw patches as the training loop sees them (augmented), LR left of its HR.",
+    )
     v.add_argument("url", metavar="URL")
     v.add_argument("-o", "--output", required=True, help="PNG file to write (local path or fsspec URL)")
     v.add_argument("--scale", type=int, default=4)
@@ -52,8 +70,10 @@ def _parser() -> argparse.ArgumentParser:
 def _train_parser(sub: Any) -> None:
     S = argparse.SUPPRESS  # only flags given on the command line override --config
     t = sub.add_parser(
-        "train", help="train EDSR-baseline or ESPCN on a dataset (one process, or DDP under torchrun)",
-        argument_default=S, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "train",
+        help="train EDSR-baseline or ESPCN on a dataset (one process, or DDP under torchrun)",
+        argument_default=S,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="The reference training loop: L1 loss, Adam, cosine or step LR, AMP on CUDA, DDP under torchrun\n"
         "(gloo on CPU, nccl on CUDA; rank and world from torchrun's environment).\n\n"
         "Rank 0 prints a line and appends a JSON line to OUT/metrics.jsonl every --log-every steps:\n"
@@ -66,7 +86,8 @@ def _train_parser(sub: Any) -> None:
         "restored yet. Config file keys are the flag names; flags override the file.",
         epilog="example:\n  wdsr train --data demo-out/shards --val-data demo-out/shards --out demo-out/run \\\n"
         "             --model espcn --patch-size 96 --steps 200 --workers 2\n"
-        "  torchrun --nproc-per-node 8 -m wdsr train --config train.yaml --resume")
+        "  torchrun --nproc-per-node 8 -m wdsr train --config train.yaml --resume",
+    )
     t.add_argument("--data", metavar="URL", help="training dataset (folder or s3://... with manifest.json)")
     t.add_argument("--val-data", metavar="URL", help="validation dataset, every image once (default: no validation)")
     t.add_argument("--out", metavar="DIR_OR_URL", help="run folder: checkpoints, latest.json, metrics.jsonl, run.json")
@@ -84,8 +105,11 @@ def _train_parser(sub: Any) -> None:
     t.add_argument("--schedule", choices=["cosine", "step"], help="cosine to 0 over the run (default) or step")
     t.add_argument("--lr-step", type=int, help="step schedule: multiply by --lr-gamma every N steps (default 200000)")
     t.add_argument("--lr-gamma", type=float, help="step schedule factor (default 0.5)")
-    t.add_argument("--amp", choices=["auto", "bf16", "fp16", "off"],
-                   help="auto (default): bf16 on CUDA where supported, else fp16 + GradScaler; off on CPU")
+    t.add_argument(
+        "--amp",
+        choices=["auto", "bf16", "fp16", "off"],
+        help="auto (default): bf16 on CUDA where supported, else fp16 + GradScaler; off on CPU",
+    )
     t.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto (default): cuda:LOCAL_RANK if CUDA is there")
     t.add_argument("--val-every", type=int, help="validate every N steps (default 1000; 0 = never)")
     t.add_argument("--val-tile", type=int, help="validate in LR tiles of this side (large images); default whole images")
@@ -98,8 +122,12 @@ def _train_parser(sub: Any) -> None:
     t.add_argument("--log-dir", help="where metrics.jsonl and TensorBoard files are written when --out is remote")
     t.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files (OUT/tb)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out from latest.json")
-    t.add_argument("--check", action="store_true", help="check settings, data (manifest, scale) and --out, then exit: "
-                   "0 if training could start, 2 with the reason (a pre-flight step before torchrun)")
+    t.add_argument(
+        "--check",
+        action="store_true",
+        help="check settings, data (manifest, scale) and --out, then exit: "
+        "0 if training could start, 2 with the reason (a pre-flight step before torchrun)",
+    )
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -113,10 +141,15 @@ def _train(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from wdsr.bench import bench_naive, bench_stream, table
 
-    kw = dict(workers=args.workers, batch_size=args.batch_size, patch_size=args.patch_size, scale=args.scale,
-              seconds=args.seconds)
-    read = dict(read_ahead=args.read_ahead, fetch=args.fetch, cache_dir=args.cache_dir,
-                cache_limit=int(args.cache_limit * 1e9) if args.cache_limit else None)
+    kw = dict(
+        workers=args.workers, batch_size=args.batch_size, patch_size=args.patch_size, scale=args.scale, seconds=args.seconds
+    )
+    read = dict(
+        read_ahead=args.read_ahead,
+        fetch=args.fetch,
+        cache_dir=args.cache_dir,
+        cache_limit=int(args.cache_limit * 1e9) if args.cache_limit else None,
+    )
     stream = dict(k=args.patches_per_image, verify=args.verify, shuffle_buffer=args.shuffle_buffer, **read, **kw)
     results = [bench_stream(args.url, name=f"wdsr k={args.patches_per_image}: {args.url}", **stream)]
     if args.compare:
@@ -130,8 +163,10 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"{args.compare} / {args.url}: {results[1].patches_per_s / results[0].patches_per_s * 100:.1f}% of the patches/s")
     if args.compare_naive:
         ours, pil, same = results[0], results[-2], results[-1]
-        print(f"wdsr / naive: {ours.patches_per_s / pil.patches_per_s:.1f}x (naive with Pillow), "
-              f"{ours.patches_per_s / same.patches_per_s:.1f}x (naive with wdsr's decoders)")
+        print(
+            f"wdsr / naive: {ours.patches_per_s / pil.patches_per_s:.1f}x (naive with Pillow), "
+            f"{ours.patches_per_s / same.patches_per_s:.1f}x (naive with wdsr's decoders)"
+        )
     if args.json:
         import dataclasses
 
@@ -144,8 +179,15 @@ def _preview(args: argparse.Namespace) -> int:
     from wdsr.dataset import SRDataset
     from wdsr.preview import contact_sheet, write_png
 
-    ds = SRDataset(args.url, scale=args.scale, patch_size=args.patch_size, patches_per_image=2, batch_size=args.count,
-                   shuffle_buffer=64, seed=args.seed)
+    ds = SRDataset(
+        args.url,
+        scale=args.scale,
+        patch_size=args.patch_size,
+        patches_per_image=2,
+        batch_size=args.count,
+        shuffle_buffer=64,
+        seed=args.seed,
+    )
     sheet = contact_sheet(ds, args.count)
     write_png(args.output, sheet)
     print(f"wrote {args.output}: {args.count} LR|HR pairs, {sheet.shape[1]}x{sheet.shape[0]}")

@@ -1,4 +1,5 @@
 """``SRDataset``: the streaming IterableDataset (plan -> read -> decode -> patch -> shuffle -> batch)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -94,25 +95,60 @@ class SRDataset(IterableDataset):
     shards on local disk (``cache_limit`` bytes, least recently used evicted) for later epochs.
     """
 
-    def __init__(self, url: str, scale: int = 4, patch_size: int = 192, patches_per_image: int = 16,
-                 batch_size: int = 16, shuffle_buffer: int = 1024, augment: bool = True, seed: int = 0,
-                 split: str = "train", on_error: str = "fail", min_patch_std: float | None = None,
-                 max_tries: int = 10, verify: str = "xxh3_64", tile: int | None = None, tile_overlap: int = 8,
-                 return_keys: bool = False, storage_options: dict[str, Any] | None = None,
-                 world: env.World | None = None, retry: Retry | None = None, read_ahead: int = 1,
-                 cache_dir: str | None = None, cache_limit: int | None = None, fetch: str = "ranges",
-                 max_pixels: int = headers.DEFAULT_MAX_PIXELS) -> None:
+    def __init__(
+        self,
+        url: str,
+        scale: int = 4,
+        patch_size: int = 192,
+        patches_per_image: int = 16,
+        batch_size: int = 16,
+        shuffle_buffer: int = 1024,
+        augment: bool = True,
+        seed: int = 0,
+        split: str = "train",
+        on_error: str = "fail",
+        min_patch_std: float | None = None,
+        max_tries: int = 10,
+        verify: str = "xxh3_64",
+        tile: int | None = None,
+        tile_overlap: int = 8,
+        return_keys: bool = False,
+        storage_options: dict[str, Any] | None = None,
+        world: env.World | None = None,
+        retry: Retry | None = None,
+        read_ahead: int = 1,
+        cache_dir: str | None = None,
+        cache_limit: int | None = None,
+        fetch: str = "ranges",
+        max_pixels: int = headers.DEFAULT_MAX_PIXELS,
+    ) -> None:
         super().__init__()
-        self.opts = Options(scale, patch_size, patches_per_image, batch_size, shuffle_buffer, augment, seed,
-                            Split(split), OnError(on_error), min_patch_std, max_tries, Verify(verify), tile,
-                            tile_overlap, return_keys, max_pixels)
+        self.opts = Options(
+            scale,
+            patch_size,
+            patches_per_image,
+            batch_size,
+            shuffle_buffer,
+            augment,
+            seed,
+            Split(split),
+            OnError(on_error),
+            min_patch_std,
+            max_tries,
+            Verify(verify),
+            tile,
+            tile_overlap,
+            return_keys,
+            max_pixels,
+        )
         self.url = url
         self.manifest = mf.load(url, storage_options)
         if scale not in self.manifest.scales:
             raise ValueError(f"{url}: no x{scale} LR in this dataset (scales: {self.manifest.scales})")
         self.world = world if world is not None else env.current_world()
-        self.reader = ShardReader(url, self.manifest, storage_options,
-                                  ReadOptions(retry or Retry(), read_ahead, Fetch(fetch), cache_dir, cache_limit))
+        self.reader = ShardReader(
+            url, self.manifest, storage_options, ReadOptions(retry or Retry(), read_ahead, Fetch(fetch), cache_dir, cache_limit)
+        )
         self.num_workers = 0  # set by make_loader, used by __len__
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()  # shared with (persistent) workers
         self.epoch_set = False
@@ -122,9 +158,11 @@ class SRDataset(IterableDataset):
 
     def __repr__(self) -> str:
         o = self.opts
-        return (f"SRDataset({self.url!r}, split={o.split.value}, scale={o.scale}, patch_size={o.patch_size}, "
-                f"patches_per_image={o.patches_per_image}, batch_size={o.batch_size}, samples={self.manifest.samples}, "
-                f"rank={self.world.rank}/{self.world.size})")
+        return (
+            f"SRDataset({self.url!r}, split={o.split.value}, scale={o.scale}, patch_size={o.patch_size}, "
+            f"patches_per_image={o.patches_per_image}, batch_size={o.batch_size}, samples={self.manifest.samples}, "
+            f"rank={self.world.rank}/{self.world.size})"
+        )
 
     # ---- epochs and sizes -------------------------------------------------------------------
     @property
@@ -154,7 +192,7 @@ class SRDataset(IterableDataset):
         """``len()`` for a loader with ``num_workers`` workers."""
         nw = max(1, num_workers)
         if self.opts.split is Split.VAL:
-            return sum(len(s) for s in val_plan(self._sizes(), self.world.size, nw)[self.world.rank * nw:][:nw])
+            return sum(len(s) for s in val_plan(self._sizes(), self.world.size, nw)[self.world.rank * nw :][:nw])
         return nw * self.batches_per_worker(nw)
 
     # ---- iteration --------------------------------------------------------------------------
@@ -182,8 +220,7 @@ class SRDataset(IterableDataset):
                 try:
                     for raw in self.reader.span(Span(span.shard, pos, span.stop, span.rep), wanted):
                         pos = raw.index + 1
-                        self.stats.add(worker, samples=1, bytes_read=raw.nbytes, read_ns=raw.read_ns,
-                                       **self.reader.take_counts())
+                        self.stats.add(worker, samples=1, bytes_read=raw.nbytes, read_ns=raw.read_ns, **self.reader.take_counts())
                         try:
                             pair = decode_pair(raw, self.manifest.codec, o.scale, o.verify, o.max_pixels)
                         except SampleError as exc:
@@ -227,8 +264,7 @@ class SRDataset(IterableDataset):
             extra += owed
             owed = 0
             last = item.loc
-            self.stats.add(worker, patches=len(patches) + len(more), rejected=rejected + r2,
-                           patch_ns=time.perf_counter_ns() - t0)
+            self.stats.add(worker, patches=len(patches) + len(more), rejected=rejected + r2, patch_ns=time.perf_counter_ns() - t0)
             yield from patches
             yield from more
             self.stats.mark_rss(worker)
@@ -271,8 +307,9 @@ class SRDataset(IterableDataset):
             if len(batch) == o.batch_size:
                 out = None
                 if self.handoff is not None and torch.utils.data.get_worker_info() is not None:
-                    out = self.handoff.put(worker, [p.lr for p in batch], [p.hr for p in batch],
-                                           [p.key for p in batch] if o.return_keys else None)
+                    out = self.handoff.put(
+                        worker, [p.lr for p in batch], [p.hr for p in batch], [p.key for p in batch] if o.return_keys else None
+                    )
                 if out is None:
                     out = collate(batch, o.return_keys)
                 batch = []

@@ -3,6 +3,7 @@
 Only ``{key}.json``, ``{key}.hr.{ext}`` and ``{key}.lr_x{s}.{ext}`` are ever decoded, and only
 by image decoders (libspng/Pillow for PNG, QOI): nothing is unpickled.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -64,8 +65,9 @@ def _check(raw: RawSample, meta: dict, names: tuple[str, ...], verify: Verify) -
             raise SampleError(raw.shard, raw.key, f"{name} does not match its {verify.value} in {raw.key}.json (corrupt shard)")
 
 
-def decode_pair(raw: RawSample, codec: str, scale: int, verify: Verify = Verify.XXH3,
-                max_pixels: int = headers.DEFAULT_MAX_PIXELS) -> DecodedPair:
+def decode_pair(
+    raw: RawSample, codec: str, scale: int, verify: Verify = Verify.XXH3, max_pixels: int = headers.DEFAULT_MAX_PIXELS
+) -> DecodedPair:
     """Check headers (sizes against the manifest, scale, channels, depth, ``max_pixels``) and
     digests, then decode; every failure is a SampleError naming shard and key."""
     t0 = time.perf_counter_ns()

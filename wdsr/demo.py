@@ -1,4 +1,5 @@
 """The streaming half of ``make demo``: batches from the demo shards, a contact sheet, a val pass."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,10 @@ def stream_demo(shards: str) -> int:
             last = batch
     lr, hr = last
     dt = time.perf_counter() - t0
-    print(f"   2 epochs: {n} batches of lr {tuple(lr.shape)} {lr.dtype} / hr {tuple(hr.shape)}, "
-          f"{n * 16 / dt:.0f} patches/s (worker start-up included)")
+    print(
+        f"   2 epochs: {n} batches of lr {tuple(lr.shape)} {lr.dtype} / hr {tuple(hr.shape)}, "
+        f"{n * 16 / dt:.0f} patches/s (worker start-up included)"
+    )
     sheet = Path(shards).parent / "preview.png"
     write_png(str(sheet), contact_sheet(SRDataset(shards, scale=4, patch_size=96, patches_per_image=2, batch_size=8), 8))
     print(f"   contact sheet of LR|HR patch pairs: {sheet}")

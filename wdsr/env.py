@@ -1,4 +1,5 @@
 """Where this process stands: rank and world size, DataLoader worker. The one place that reads them."""
+
 from __future__ import annotations
 
 import dataclasses

@@ -1,5 +1,8 @@
 """Errors that name the shard and key."""
+
 from __future__ import annotations
+
+from typing import Any
 
 
 class SampleError(ValueError):
@@ -10,5 +13,5 @@ class SampleError(ValueError):
         super().__init__(f"{where}: {reason}")
         self.shard, self.key, self.reason = shard, key, reason
 
-    def __reduce__(self):  # survive the trip from a DataLoader worker
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # survive the trip from a DataLoader worker
         return (type(self), (self.shard, self.key, self.reason))

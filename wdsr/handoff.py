@@ -7,6 +7,7 @@ the workers start, and sends only the slot number. The trainer process copies th
 its own tensor (~0.2 ms, into pinned memory when pinning) and frees the slot at once, so a slot is
 never reused while anything can still see it.
 """
+
 from __future__ import annotations
 
 import os

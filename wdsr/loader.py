@@ -1,4 +1,5 @@
 """``make_loader``: the DataLoader around an SRDataset, with exact ``len()`` and epoch handling."""
+
 from __future__ import annotations
 
 import ctypes
@@ -60,7 +61,7 @@ class SRLoader(DataLoader):
     def __len__(self) -> int:
         return self.dataset.length(self.num_workers)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a generator over the inner iterator
         ds = self.dataset
         if self._passes and not ds.epoch_set:
             ds._epoch += 1
@@ -82,9 +83,15 @@ def _batches(inner: Any, pool: BatchPool | None, pin: bool, persistent: bool) ->
             inner._shutdown_workers()
 
 
-def make_loader(dataset: SRDataset, num_workers: int = 4, pin_memory: bool | None = None,
-                prefetch_factor: int = 4, persistent_workers: bool = True, shared_slots: bool = True,
-                **kwargs: Any) -> SRLoader:
+def make_loader(
+    dataset: SRDataset,
+    num_workers: int = 4,
+    pin_memory: bool | None = None,
+    prefetch_factor: int = 4,
+    persistent_workers: bool = True,
+    shared_slots: bool = True,
+    **kwargs: Any,
+) -> SRLoader:
     """Batches come ready-made from the workers (``batch_size=None``); keep them uint8 until on the device.
 
     ``shared_slots`` (default): workers hand batches over through recycled shared-memory slots;
@@ -99,8 +106,7 @@ def make_loader(dataset: SRDataset, num_workers: int = 4, pin_memory: bool | Non
     extra: dict[str, Any] = {}
     dataset.handoff = None
     if num_workers > 0:
-        extra = {"prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers,
-                 "worker_init_fn": _worker_init}
+        extra = {"prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers, "worker_init_fn": _worker_init}
         if dataset.opts.split is Split.TRAIN and shared_slots:
             # slots: the batches a worker may have in flight, plus the one being copied out
             dataset.handoff = BatchPool(num_workers, prefetch_factor + 2, _batch_bytes(dataset))

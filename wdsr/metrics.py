@@ -4,6 +4,7 @@ Y is ITU-R BT.601 luma in MATLAB's ``rgb2ycbcr`` convention, ``16 + (65.481 R + 
 24.966 B) / 255`` for RGB in [0, 255], not rounded; ``crop_border`` pixels (= the scale) are cut
 from every side; SSIM is Wang et al.'s with an 11x11 Gaussian window (sigma 1.5), "valid" borders.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,7 +44,7 @@ def to_y(img: np.ndarray | torch.Tensor) -> np.ndarray:
     return 16.0 + a[:, :, :3] @ _Y
 
 
-def _prepare(sr, hr, crop_border: int) -> tuple[np.ndarray, np.ndarray]:
+def _prepare(sr: np.ndarray | torch.Tensor, hr: np.ndarray | torch.Tensor, crop_border: int) -> tuple[np.ndarray, np.ndarray]:
     a, b = to_y(sr), to_y(hr)
     if a.shape != b.shape:
         raise ValueError(f"SR {a.shape} and HR {b.shape} differ in size")
@@ -52,7 +53,7 @@ def _prepare(sr, hr, crop_border: int) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-def psnr_y(sr, hr, crop_border: int = 0) -> float:
+def psnr_y(sr: np.ndarray | torch.Tensor, hr: np.ndarray | torch.Tensor, crop_border: int = 0) -> float:
     a, b = _prepare(sr, hr, crop_border)
     mse = float(np.mean((a - b) ** 2))
     return float("inf") if mse == 0 else 10.0 * np.log10(255.0**2 / mse)
@@ -65,7 +66,7 @@ def _gaussian_valid(x: np.ndarray, win: np.ndarray) -> np.ndarray:
     return sum(win[i] * rows[:, i : x.shape[1] - n + 1 + i] for i in range(n))
 
 
-def ssim_y(sr, hr, crop_border: int = 0) -> float:
+def ssim_y(sr: np.ndarray | torch.Tensor, hr: np.ndarray | torch.Tensor, crop_border: int = 0) -> float:
     a, b = _prepare(sr, hr, crop_border)
     c1, c2 = (0.01 * 255) ** 2, (0.03 * 255) ** 2
     g = np.exp(-((np.arange(11) - 5) ** 2) / (2 * 1.5**2))

@@ -3,6 +3,7 @@
 Both take float input in [0, 1] (``wdsr.to_float``) of ``channels`` (3 or 1) and return the
 image ``scale`` times larger; pixel shuffle does the upsampling, as in the papers.
 """
+
 from __future__ import annotations
 
 import enum
@@ -64,9 +65,12 @@ class ESPCN(nn.Module):
     def __init__(self, scale: int, channels: int = 3) -> None:
         super().__init__()
         self.body = nn.Sequential(
-            nn.Conv2d(channels, 64, 5, padding=2), nn.Tanh(),
-            nn.Conv2d(64, 32, 3, padding=1), nn.Tanh(),
-            nn.Conv2d(32, channels * scale * scale, 3, padding=1), nn.PixelShuffle(scale),
+            nn.Conv2d(channels, 64, 5, padding=2),
+            nn.Tanh(),
+            nn.Conv2d(64, 32, 3, padding=1),
+            nn.Tanh(),
+            nn.Conv2d(32, channels * scale * scale, 3, padding=1),
+            nn.PixelShuffle(scale),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

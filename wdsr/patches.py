@@ -3,6 +3,7 @@
 Each patch's coordinates and transform come from a generator seeded by (seed, epoch, key, j), so
 they do not depend on world size, worker count or reading order.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -5,6 +5,7 @@ sequence cut into ``world_size x num_workers`` contiguous slices of equal length
 wrapping around, so every rank and worker gets exactly the same number of samples, even with
 fewer shards than workers. Validation: manifest order, every sample exactly once, no padding.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -1,4 +1,5 @@
 """``wdsr preview``: a contact sheet of patch pairs, LR (nearest-upscaled) left of its HR."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -4,6 +4,7 @@ One read per sample (``offsets[i]`` .. ``offsets[i+1]``), members parsed with ou
 reader and grouped by key; only the members asked for are kept. Local shards are read in place;
 remote ones with resilient range requests (read ahead by a thread) or from a node-local cache.
 """
+
 from __future__ import annotations
 
 import collections
@@ -79,8 +80,9 @@ class ShardReader:
     ``counts`` holds this process's retries and cache hits/misses until the dataset takes them.
     """
 
-    def __init__(self, url: str, manifest: Manifest, storage_options: dict[str, Any] | None = None,
-                 options: ReadOptions | None = None) -> None:
+    def __init__(
+        self, url: str, manifest: Manifest, storage_options: dict[str, Any] | None = None, options: ReadOptions | None = None
+    ) -> None:
         self.url, self.manifest = url, manifest
         self.options = options or ReadOptions()
         self.storage_options = dict(storage_options or {})
@@ -187,17 +189,19 @@ class ShardReader:
         self._count("cache_misses" if downloaded else "cache_hits")
         return local
 
-    def _file_span(self, fs: Any, path: str, info: ShardInfo, span: Span, wanted: frozenset[str],
-                   opener: Any = None, checked: bool = False) -> Iterator[RawSample]:
+    def _file_span(
+        self, fs: Any, path: str, info: ShardInfo, span: Span, wanted: frozenset[str], opener: Any = None, checked: bool = False
+    ) -> Iterator[RawSample]:
         if not checked:
             try:
                 size = fs.size(path)
             except FileNotFoundError:
                 raise SampleError(info.name, None, f"shard is missing ({path})") from None
             if size != info.bytes:
-                raise SampleError(info.name, None,
-                                  f"shard has {size} bytes, the manifest says {info.bytes} (truncated or replaced)")
-        with (opener() if opener else fs.open(path, "rb")) as f:
+                raise SampleError(
+                    info.name, None, f"shard has {size} bytes, the manifest says {info.bytes} (truncated or replaced)"
+                )
+        with opener() if opener else fs.open(path, "rb") as f:
             if not checked and info.probe is not None:
                 self._check_probe(f, path, info)
             f.seek(info.offsets[span.start])
@@ -207,8 +211,17 @@ class ShardReader:
                 f.seek(begin)
                 members = _members(f, end - begin, info.name, info.keys[i], wanted)
                 nbytes = sum(len(v) for v in members.values())
-                yield RawSample(info.name, info.keys[i], i, span.rep, members, nbytes, time.perf_counter_ns() - t0,
-                                Span(span.shard, i, i + 1, span.rep), (info.hr_sizes[i][0], info.hr_sizes[i][1]))
+                yield RawSample(
+                    info.name,
+                    info.keys[i],
+                    i,
+                    span.rep,
+                    members,
+                    nbytes,
+                    time.perf_counter_ns() - t0,
+                    Span(span.shard, i, i + 1, span.rep),
+                    (info.hr_sizes[i][0], info.hr_sizes[i][1]),
+                )
 
     def _check_probe(self, f: Any, path: str, info: ShardInfo) -> None:
         """Is this file the shard the manifest lists (not another build's of the same size)?
@@ -221,13 +234,15 @@ class ShardReader:
         if version is not None and version in self._probed:
             return
         if mf.probe_file(f, info.bytes) != info.probe:
-            raise SampleError(info.name, None, "shard is not the one the manifest lists (its first/last MiB differ: "
-                              "replaced by another build?)")
+            raise SampleError(
+                info.name, None, "shard is not the one the manifest lists (its first/last MiB differ: replaced by another build?)"
+            )
         if version is not None:
             self._probed.add(version)
 
     def _range_span(self, rf: remote.RemoteFile, info: ShardInfo, span: Span, wanted: frozenset[str]) -> Iterator[RawSample]:
         """One range read per sample; ``read_ahead`` samples are on their way while one is decoded."""
+
         def fetch(i: int) -> tuple[bytearray, int]:
             t0 = time.perf_counter_ns()
             return rf.read(*_bounds(info, i)), time.perf_counter_ns() - t0
@@ -252,9 +267,17 @@ class ShardReader:
                 t0 = time.perf_counter_ns()
                 members = _members(_View(data), len(data), info.name, info.keys[i], wanted)
                 nbytes = sum(len(v) for v in members.values())
-                yield RawSample(info.name, info.keys[i], i, span.rep, members, nbytes,
-                                ns + time.perf_counter_ns() - t0, Span(span.shard, i, i + 1, span.rep),
-                                (info.hr_sizes[i][0], info.hr_sizes[i][1]))
+                yield RawSample(
+                    info.name,
+                    info.keys[i],
+                    i,
+                    span.rep,
+                    members,
+                    nbytes,
+                    ns + time.perf_counter_ns() - t0,
+                    Span(span.shard, i, i + 1, span.rep),
+                    (info.hr_sizes[i][0], info.hr_sizes[i][1]),
+                )
                 del data, members
         finally:
             for fut in pending:

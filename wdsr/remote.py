@@ -9,6 +9,7 @@ fsspec filesystems the range is read in chunks and resumed at the first chunk no
 We own the retrying: for S3 the layers below (s3fs, botocore) get one attempt each unless the
 caller's ``storage_options`` say otherwise, so a dead server fails in bounded time, not minutes.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -63,13 +64,22 @@ class ReadFailed(OSError):
         super().__init__(f"{url}: {reason}")
         self.url, self.reason = url, reason
 
-    def __reduce__(self):  # survive the trip from a DataLoader worker
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # survive the trip from a DataLoader worker
         return (type(self), (self.url, self.reason))
 
 
 _PERMANENT = (PermissionError, FileNotFoundError, IsADirectoryError, NotADirectoryError, ValueError, TypeError)
-_PERMANENT_CODES = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "NoSuchKey", "NoSuchBucket",
-                    "InvalidRange", "403", "404", "416")
+_PERMANENT_CODES = (
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "NoSuchKey",
+    "NoSuchBucket",
+    "InvalidRange",
+    "403",
+    "404",
+    "416",
+)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -114,8 +124,14 @@ def one_try(fs: fsspec.AbstractFileSystem, storage_options: dict[str, Any] | Non
 class RemoteFile:
     """One object (a shard) read by byte ranges; ``on_retry`` is told of every failed try."""
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, url: str, retry: Retry,
-                 on_retry: Callable[[BaseException], None] | None = None) -> None:
+    def __init__(
+        self,
+        fs: fsspec.AbstractFileSystem,
+        path: str,
+        url: str,
+        retry: Retry,
+        on_retry: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self.fs, self.path, self.url, self.retry = fs, path, url, retry
         self.on_retry = on_retry
         self._s3 = storage.is_s3(fs) and hasattr(fs, "_call_s3")  # s3fs: stream and resume at the byte
@@ -133,8 +149,11 @@ class RemoteFile:
             raise exc
         if not is_transient(exc):
             if isinstance(exc, PermissionError) or "AccessDenied" in str(exc) or "Signature" in str(exc):
-                raise ReadFailed(self.url, f"access denied while reading {what} ({describe(exc)}); check the "
-                                           "credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or storage_options)") from None
+                raise ReadFailed(
+                    self.url,
+                    f"access denied while reading {what} ({describe(exc)}); check the "
+                    "credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or storage_options)",
+                ) from None
             if isinstance(exc, FileNotFoundError):
                 raise ReadFailed(self.url, f"object not found while reading {what}") from None
             raise ReadFailed(self.url, f"cannot read {what} ({describe(exc)})") from None
@@ -196,9 +215,10 @@ class RemoteFile:
         bucket, key, version = self.fs.split_path(self.path)
         extra = {"VersionId": version} if version else {}
         first = start + got[0]
-        resp = await asyncio.wait_for(self.fs._call_s3(
-            "get_object", Bucket=bucket, Key=key, Range=f"bytes={first}-{start + len(buf) - 1}", **extra),
-            self.retry.timeout_s)
+        resp = await asyncio.wait_for(
+            self.fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={first}-{start + len(buf) - 1}", **extra),
+            self.retry.timeout_s,
+        )
         body = resp["Body"]
         try:
             view = memoryview(buf)

@@ -1,4 +1,5 @@
 """A seeded shuffle buffer: items leave in random order once ``size`` of them are waiting."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator

@@ -1,4 +1,5 @@
 """Counters shared between DataLoader workers and the trainer process (one row per worker)."""
+
 from __future__ import annotations
 
 import resource
@@ -7,8 +8,24 @@ from typing import Any
 
 import torch
 
-FIELDS = ("samples", "patches", "batches", "skipped", "bytes_read", "read_ns", "verify_ns", "decode_ns", "patch_ns",
-          "busy_ns", "rejected", "retries", "cache_hits", "cache_misses", "peak_rss_kb", "peak_private_kb")
+FIELDS = (
+    "samples",
+    "patches",
+    "batches",
+    "skipped",
+    "bytes_read",
+    "read_ns",
+    "verify_ns",
+    "decode_ns",
+    "patch_ns",
+    "busy_ns",
+    "rejected",
+    "retries",
+    "cache_hits",
+    "cache_misses",
+    "peak_rss_kb",
+    "peak_private_kb",
+)
 
 
 class SharedStats:

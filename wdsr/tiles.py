@@ -1,4 +1,5 @@
 """Overlapping tiles for whole-image validation, and stitching the model's output back."""
+
 from __future__ import annotations
 
 import torch
@@ -18,8 +19,7 @@ def tile_boxes(h: int, w: int, tile: int, overlap: int) -> list[tuple[int, int, 
     return [(y, x, th, tw) for y in _starts(h, tile, overlap) for x in _starts(w, tile, overlap)]
 
 
-def stitch(tiles: torch.Tensor, boxes: list[tuple[int, int, int, int]], scale: int,
-           lr_size: tuple[int, int]) -> torch.Tensor:
+def stitch(tiles: torch.Tensor, boxes: list[tuple[int, int, int, int]], scale: int, lr_size: tuple[int, int]) -> torch.Tensor:
     """Average ``[T, C, s*th, s*tw]`` output tiles into one ``[C, s*h, s*w]`` image."""
     c = tiles.shape[1]
     out = torch.zeros((c, scale * lr_size[0], scale * lr_size[1]), dtype=torch.float64)
@@ -29,4 +29,3 @@ def stitch(tiles: torch.Tensor, boxes: list[tuple[int, int, int, int]], scale: i
         out[:, ys, xs] += t.double()
         weight[:, ys, xs] += 1
     return (out / weight).to(tiles.dtype if tiles.is_floating_point() else torch.float32)
-

@@ -4,6 +4,7 @@ One process, or one per GPU/CPU slot under ``torchrun`` (rank and world from its
 Rank 0 logs, validates the gathered results and writes checkpoints; SIGTERM finishes the
 step, checkpoints and exits 0 (every rank stops at the same step).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,6 +18,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +71,17 @@ class Ctx:
 
 def open_data(cfg: TrainConfig) -> tuple[SRDataset, SRDataset | None]:
     """The train (and val) datasets; every bad-input error surfaces here, before workers start."""
-    train = SRDataset(cfg.data, scale=cfg.scale, patch_size=cfg.patch_size, patches_per_image=cfg.patches_per_image,
-                      batch_size=cfg.batch_size, shuffle_buffer=cfg.shuffle_buffer, seed=cfg.seed,
-                      on_error=cfg.on_error, cache_dir=cfg.cache_dir)
+    train = SRDataset(
+        cfg.data,
+        scale=cfg.scale,
+        patch_size=cfg.patch_size,
+        patches_per_image=cfg.patches_per_image,
+        batch_size=cfg.batch_size,
+        shuffle_buffer=cfg.shuffle_buffer,
+        seed=cfg.seed,
+        on_error=cfg.on_error,
+        cache_dir=cfg.cache_dir,
+    )
     train.check_batches(cfg.workers)
     val = None
     if cfg.val_data and cfg.val_every:
@@ -107,7 +117,7 @@ def amp_setting(amp: Amp, device: torch.device) -> tuple[torch.dtype | None, boo
     return None, False
 
 
-def lr_factor(cfg: TrainConfig, total: int):
+def lr_factor(cfg: TrainConfig, total: int) -> Callable[[int], float]:
     if cfg.schedule is Schedule.STEP:
         return lambda step: cfg.lr_gamma ** (step // cfg.lr_step)
     return lambda step: 0.5 * (1.0 + math.cos(math.pi * min(step, total) / max(1, total)))
@@ -137,8 +147,9 @@ class MetricsLog:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard "
-                                 "(the 'tensorboard' extra)") from None
+                raise ValueError(
+                    "--tensorboard needs the tensorboard package: pip install tensorboard (the 'tensorboard' extra)"
+                ) from None
             self.tb = SummaryWriter(str(folder / "tb"))
         if not run.local:
             log.info("metrics: %s (copied to %s/metrics.jsonl at each checkpoint)", self.path, run.url)
@@ -169,12 +180,13 @@ def train(cfg: TrainConfig) -> int:
     if resume_state is not None:
         _check_resume(resume_state, cfg, run)
     elif not cfg.resume and (run.has_checkpoints() or run.run_info() is not None):  # every rank checks: none hangs
-        raise RunError(f"{cfg.out} already holds a training run (checkpoints or run.json); pass --resume to "
-                       "continue it, or choose another --out")
+        raise RunError(
+            f"{cfg.out} already holds a training run (checkpoints or run.json); pass --resume to "
+            "continue it, or choose another --out"
+        )
     if cfg.check:
         at = f"resume at step {resume_state['step']}" if resume_state is not None else "start at step 0"
-        print(f"wdsr train --check: OK: {train_ds.manifest.samples} samples x{cfg.scale} in {cfg.data}; "
-              f"{cfg.out} would {at}")
+        print(f"wdsr train --check: OK: {train_ds.manifest.samples} samples x{cfg.scale} in {cfg.data}; {cfg.out} would {at}")
         return 0
     ctx = _setup(cfg)
     stop = StopFlag()
@@ -194,8 +206,15 @@ def _check_resume(state: dict[str, Any], cfg: TrainConfig, run: RunDir) -> None:
             raise RunError(f"--resume: {run.url} was trained with {key}={saved.get(key)!r}, not {cfg.dict[key]!r}")
 
 
-def _loop(cfg: TrainConfig, ctx: Ctx, run: RunDir, train_ds: SRDataset, val_ds: SRDataset | None,
-          state: dict[str, Any] | None, stop: StopFlag) -> int:
+def _loop(
+    cfg: TrainConfig,
+    ctx: Ctx,
+    run: RunDir,
+    train_ds: SRDataset,
+    val_ds: SRDataset | None,
+    state: dict[str, Any] | None,
+    stop: StopFlag,
+) -> int:
     meta = sample_meta(train_ds)
     channels = int(meta.get("channels", 3))
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
@@ -219,9 +238,14 @@ def _loop(cfg: TrainConfig, ctx: Ctx, run: RunDir, train_ds: SRDataset, val_ds: 
         step, epoch = int(state["step"]), int(state["epoch"])
         if int(state["epoch_batches"]) > 0:
             if ctx.rank == 0:
-                log.info("resuming at step %d: mid-epoch data position is not restored yet, so epoch %d starts "
-                         "afresh (the %d remaining batches of epoch %d are not seen)", step, epoch + 1,
-                         per_epoch - int(state["epoch_batches"]), epoch)
+                log.info(
+                    "resuming at step %d: mid-epoch data position is not restored yet, so epoch %d starts "
+                    "afresh (the %d remaining batches of epoch %d are not seen)",
+                    step,
+                    epoch + 1,
+                    per_epoch - int(state["epoch_batches"]),
+                    epoch,
+                )
             epoch += 1
         elif ctx.rank == 0:
             log.info("resuming at step %d, epoch %d", step, epoch)
@@ -233,19 +257,36 @@ def _loop(cfg: TrainConfig, ctx: Ctx, run: RunDir, train_ds: SRDataset, val_ds: 
     if ctx.rank == 0:
         run.start(cfg.dict)
         metrics = MetricsLog(run, cfg)
-        log.info("training %s x%d on %s: %d batches/epoch/rank, %d ranks, %d steps, amp %s, device %s",
-                 cfg.model.value, cfg.scale, cfg.data, per_epoch, ctx.world, total,
-                 {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp_dtype], ctx.device)
+        log.info(
+            "training %s x%d on %s: %d batches/epoch/rank, %d ranks, %d steps, amp %s, device %s",
+            cfg.model.value,
+            cfg.scale,
+            cfg.data,
+            per_epoch,
+            ctx.world,
+            total,
+            {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp_dtype],
+            ctx.device,
+        )
     bar = _progress(ctx, total, step)
 
     def checkpoint(batches: int) -> None:
         """Rank 0 writes; the epoch recorded is the one to continue (a finished epoch counts as the next)."""
         if ctx.rank == 0:
             ep, done = (epoch + 1, 0) if batches >= per_epoch else (epoch, batches)
-            state = {"format": FORMAT, "step": step, "epoch": ep, "epoch_batches": done,
-                     "world_size": ctx.world, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                     "scheduler": sched.state_dict(), "scaler": scaler.state_dict(),
-                     "rng": {"torch": torch.get_rng_state()}, "config": cfg.dict}
+            state = {
+                "format": FORMAT,
+                "step": step,
+                "epoch": ep,
+                "epoch_batches": done,
+                "world_size": ctx.world,
+                "model": model.state_dict(),
+                "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(),
+                "scaler": scaler.state_dict(),
+                "rng": {"torch": torch.get_rng_state()},
+                "config": cfg.dict,
+            }
             where = run.save(state, step, cfg.keep_ckpts)
             assert metrics is not None
             metrics.sync()
@@ -308,19 +349,25 @@ def _loop(cfg: TrainConfig, ctx: Ctx, run: RunDir, train_ds: SRDataset, val_ds: 
         dist.all_gather_object(gathered, digests[0], group=ctx.cpu_group)
         digests = gathered
     if metrics is not None:  # rank 0
-        record = {"step": step, "epoch": epoch, "event": "stopped" if stopped else "finished",
-                  "weights_sha256": digests, "weights_in_sync": len(set(digests)) == 1}
+        record = {
+            "step": step,
+            "epoch": epoch,
+            "event": "stopped" if stopped else "finished",
+            "weights_sha256": digests,
+            "weights_in_sync": len(set(digests)) == 1,
+        }
         metrics.write(record)
         metrics.sync()
         metrics.close()
         if bar is not None:
             bar.close()
-        log.info("%s at step %d (weights identical on all %d ranks: %s)", record["event"], step, ctx.world,
-                 record["weights_in_sync"])
+        log.info(
+            "%s at step %d (weights identical on all %d ranks: %s)", record["event"], step, ctx.world, record["weights_in_sync"]
+        )
     return 0
 
 
-def _progress(ctx: Ctx, total: int, step: int):
+def _progress(ctx: Ctx, total: int, step: int) -> Any:
     if ctx.rank != 0 or not sys.stderr.isatty():
         return None
     from tqdm import tqdm
@@ -348,24 +395,39 @@ class _Window:
     loss: torch.Tensor  # summed on the device, read only when logging
 
 
-def _log_window(cfg: TrainConfig, ctx: Ctx, metrics: MetricsLog | None, bar: Any, win: _Window,
-                step: int, epoch: int, lr: float) -> None:
+def _log_window(
+    cfg: TrainConfig, ctx: Ctx, metrics: MetricsLog | None, bar: Any, win: _Window, step: int, epoch: int, lr: float
+) -> None:
     now = time.perf_counter()
     elapsed = max(now - win.t, 1e-9)
     loss_sum, steps_sum, wait_sum, time_sum = ctx.all_sum([float(win.loss), win.steps, win.wait, elapsed])
     patches = cfg.batch_size * steps_sum / max(time_sum / ctx.world, 1e-9)
-    record = {"step": step, "epoch": epoch, "loss": loss_sum / max(steps_sum, 1), "lr": lr,
-              "patches_per_s": patches, "data_wait": wait_sum / max(time_sum, 1e-9)}
-    _emit(metrics, bar, record, f"step {step} epoch {epoch} loss {record['loss']:.5f} lr {lr:.3g} "
-          f"patches/s {patches:.1f} data_wait {record['data_wait']:.1%}")
+    record = {
+        "step": step,
+        "epoch": epoch,
+        "loss": loss_sum / max(steps_sum, 1),
+        "lr": lr,
+        "patches_per_s": patches,
+        "data_wait": wait_sum / max(time_sum, 1e-9),
+    }
+    _emit(
+        metrics,
+        bar,
+        record,
+        f"step {step} epoch {epoch} loss {record['loss']:.5f} lr {lr:.3g} "
+        f"patches/s {patches:.1f} data_wait {record['data_wait']:.1%}",
+    )
     win.t, win.wait, win.steps, win.loss = now, 0.0, 0, torch.zeros_like(win.loss)
 
 
-def _log_val(cfg: TrainConfig, ctx: Ctx, metrics: MetricsLog | None, bar: Any, sums: list[float],
-             step: int, epoch: int) -> None:
+def _log_val(cfg: TrainConfig, ctx: Ctx, metrics: MetricsLog | None, bar: Any, sums: list[float], step: int, epoch: int) -> None:
     psnr, ssim, n = ctx.all_sum(sums)
     if n == 0:
         return
     record = {"step": step, "epoch": epoch, "psnr_y": psnr / n, "ssim_y": ssim / n, "val_images": int(n)}
-    _emit(metrics, bar, record, f"val step {step}: PSNR-Y {record['psnr_y']:.3f} dB, SSIM-Y {record['ssim_y']:.4f} "
-          f"({int(n)} images)")
+    _emit(
+        metrics,
+        bar,
+        record,
+        f"val step {step}: PSNR-Y {record['psnr_y']:.3f} dB, SSIM-Y {record['ssim_y']:.4f} ({int(n)} images)",
+    )

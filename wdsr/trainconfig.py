@@ -3,6 +3,7 @@
 Config file keys are the flag names (``patch-size`` or ``patch_size``; ``k`` for
 ``patches_per_image``); flags given on the command line override the file.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -4,6 +4,7 @@ The model's output is clamped and quantised to the data's integer type, as SR pa
 ``crop_border`` is the scale. Large images are run as overlapping tiles (``--val-tile``), a
 few at a time, and stitched back.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -13,21 +13,39 @@ Everything read from a dataset passes through here and trusts nothing it reads:
 
 Readers turn these into ``wdsr.SampleError`` (shard, key, reason); messages never quote file bytes.
 """
+
 from shardmaker.format.headers import DEFAULT_MAX_PIXELS, HeaderError, ImageHeader, check_pair, image_header
 from shardmaker.format.manifest import (
-                                        FORMAT,
-                                        MANIFEST,
-                                        Manifest,
-                                        ManifestError,
-                                        ShardInfo,
-                                        check_shard_name,
-                                        load,
-                                        pair_fits,
-                                        parse,
-                                        shard_path,
+    FORMAT,
+    MANIFEST,
+    Manifest,
+    ManifestError,
+    ShardInfo,
+    check_shard_name,
+    load,
+    pair_fits,
+    parse,
+    shard_path,
 )
 from shardmaker.format.tario import TarFormatError, iter_members, split_name
 
-__all__ = ["DEFAULT_MAX_PIXELS", "FORMAT", "HeaderError", "ImageHeader", "MANIFEST", "Manifest", "ManifestError",
-           "ShardInfo", "TarFormatError", "check_pair", "check_shard_name", "image_header", "iter_members", "load",
-           "pair_fits", "parse", "shard_path", "split_name"]
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "FORMAT",
+    "HeaderError",
+    "ImageHeader",
+    "MANIFEST",
+    "Manifest",
+    "ManifestError",
+    "ShardInfo",
+    "TarFormatError",
+    "check_pair",
+    "check_shard_name",
+    "image_header",
+    "iter_members",
+    "load",
+    "pair_fits",
+    "parse",
+    "shard_path",
+    "split_name",
+]

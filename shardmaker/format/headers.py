@@ -4,6 +4,7 @@ A member's header says how large its decode will be; a PNG of 30000x30000 grey p
 under 1 MB of file. So sizes, channels and depth are checked against the manifest, the scale and
 a pixel limit first, and a sample that fails never reaches a decoder.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -65,14 +66,17 @@ def image_header(data: bytes | memoryview, ext: str) -> ImageHeader:
     raise HeaderError(f"no decoder for .{ext} members")
 
 
-def check_pair(hr: ImageHeader, lr: ImageHeader, scale: int, expected_hr: tuple[int, int] | None = None,
-               max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+def check_pair(
+    hr: ImageHeader, lr: ImageHeader, scale: int, expected_hr: tuple[int, int] | None = None, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> None:
     """The pair the headers describe is one the manifest promised, within ``max_pixels``."""
     if expected_hr is not None and (hr.width, hr.height) != tuple(expected_hr):
         raise HeaderError(f"HR header says {hr.width}x{hr.height}, the manifest says {expected_hr[0]}x{expected_hr[1]}")
     if hr.pixels > max_pixels:
-        raise HeaderError(f"HR of {hr.width}x{hr.height} = {hr.pixels} pixels is over max_pixels={max_pixels} "
-                          "(possible decompression bomb; raise max_pixels if the data is genuine)")
+        raise HeaderError(
+            f"HR of {hr.width}x{hr.height} = {hr.pixels} pixels is over max_pixels={max_pixels} "
+            "(possible decompression bomb; raise max_pixels if the data is genuine)"
+        )
     if not pair_fits((hr.height, hr.width), (lr.height, lr.width), scale):
         raise HeaderError(f"HR {hr.width}x{hr.height} is not {scale} x LR {lr.width}x{lr.height} (wrong scale?)")
     if (hr.channels, hr.bit_depth) != (lr.channels, lr.bit_depth):

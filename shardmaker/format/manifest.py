@@ -1,4 +1,5 @@
 """The ``manifest.json`` of a shard set (format ``wdsr-shards/1``): the dataset's commit marker."""
+
 from __future__ import annotations
 
 import builtins
@@ -33,7 +34,7 @@ class ManifestError(ShardmakerError, ValueError):
         super().__init__(msg)
         self.where, self.field, self.reason = where, field, reason
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (self.where, self.field, self.reason))
 
 
@@ -71,8 +72,6 @@ def sample_members(codec: str, scales: list[int] | tuple[int, ...]) -> list[str]
     return [JSON_MEMBER, hr_member(codec)] + [lr_member(s, codec) for s in sorted(scales)]
 
 
-
-
 def probe_of(head: bytes | bytearray, tail: bytes | bytearray) -> str:
     """The shard's probe: sha256 of its first and last MiB. It tells one build's shard from another's
     for ~1 ms per shard, where the full sha256 (``verify``) reads it all."""
@@ -88,8 +87,11 @@ def probe_file(f: Any, size: int) -> str:
 
 def check_shard_name(name: Any, where: str = MANIFEST, field: str = "name") -> str:
     if not isinstance(name, str) or not SHARD_NAME.fullmatch(name) or ".." in name:
-        raise ManifestError(where, field, "a shard name must be one file name like shard-000000.tar "
-                            "(letters, digits, '_', '-', '.'; no '/', no '..')")
+        raise ManifestError(
+            where,
+            field,
+            "a shard name must be one file name like shard-000000.tar (letters, digits, '_', '-', '.'; no '/', no '..')",
+        )
     return name
 
 
@@ -167,15 +169,17 @@ class ShardInfo:
         keys = _list(d["keys"], where, f"{f}.keys", samples)
         for i, k in enumerate(keys):
             if not isinstance(k, str) or not KEY.fullmatch(k):
-                raise ManifestError(where, f"{f}.keys[{i}]", "must be a relative path without dots, control "
-                                    "characters or empty segments")
+                raise ManifestError(
+                    where, f"{f}.keys[{i}]", "must be a relative path without dots, control characters or empty segments"
+                )
         offsets = _list(d["offsets"], where, f"{f}.offsets", samples)
         prev = -1
         for i, o in enumerate(offsets):
             _int(o, where, f"{f}.offsets[{i}]", 0, size - 1)
             if o % 512 or o <= prev or (i == 0 and o != 0):
-                raise ManifestError(where, f"{f}.offsets[{i}]", "offsets must start at 0, increase, and be "
-                                    "multiples of 512 (tar blocks)")
+                raise ManifestError(
+                    where, f"{f}.offsets[{i}]", "offsets must start at 0, increase, and be multiples of 512 (tar blocks)"
+                )
             prev = o
         sizes = _list(d["hr_sizes"], where, f"{f}.hr_sizes", samples)
         for i, wh in enumerate(sizes):
@@ -278,8 +282,10 @@ def load(url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
     except FileNotFoundError:
         raise ManifestError(f"{url}: no {MANIFEST} (not a shard set, or its build did not finish)") from None
     except PermissionError as exc:
-        raise PermissionError(f"{url}: access denied reading {MANIFEST} ({_first_line(exc)}); check the credentials "
-                              "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or storage_options)") from None
+        raise PermissionError(
+            f"{url}: access denied reading {MANIFEST} ({_first_line(exc)}); check the credentials "
+            "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or storage_options)"
+        ) from None
     return parse(raw, path)
 
 

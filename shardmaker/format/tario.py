@@ -7,6 +7,7 @@ stock webdataset) read the result.
 Reading: parses 512-byte headers directly from any file-like object positioned at a header
 (e.g. a manifest offset), yielding ``(name, data)``; no ``tarfile`` streaming overhead.
 """
+
 from __future__ import annotations
 
 import io
