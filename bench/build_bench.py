@@ -24,7 +24,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shardmaker import codecs  # noqa: E402
-from shardmaker.build import BuildOptions, build  # noqa: E402
+from shardmaker.build import BuildConfig, build  # noqa: E402
 from shardmaker.codecs import Codec  # noqa: E402
 from shardmaker.resize import ResizeMethod, downscale  # noqa: E402
 from shardmaker.sample import SampleConfig  # noqa: E402
@@ -107,7 +107,7 @@ def main() -> int:
     for codec in (Codec.PNG, Codec.QOI):
         for workers in (1, 2):
             out = work / f"shards-{codec.value}-w{workers}"
-            opts = BuildOptions(hr_src=str(src), out=str(out), sample=SampleConfig(scales=(4,), codec=codec),
+            opts = BuildConfig(hr_src=str(src), out=str(out), sample=SampleConfig(scales=(4,), codec=codec),
                                 workers=workers, progress=False, shard_size=10**9)
             t = time.perf_counter()
             res = build(opts)

@@ -45,7 +45,7 @@ def main() -> int:
 
         server.make_bucket("bench")
         fs = s3fs.S3FileSystem(skip_instance_cache=True)
-        kw = dict(workers=2, k=16, batch_size=16, patch_size=192, scale=4, seconds=args.seconds)
+        kw = dict(workers=2, patches_per_image=16, batch_size=16, patch_size=192, scale=4, seconds=args.seconds)
         all_res = []
         for codec in args.codecs.split(","):
             local = str(out / f"stream-{codec}")

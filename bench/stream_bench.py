@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from build_bench import mosaic_4k, real_photos  # noqa: E402
 
-from shardmaker.build import BuildOptions, build  # noqa: E402
+from shardmaker.build import BuildConfig, build  # noqa: E402
 from shardmaker.codecs import Codec  # noqa: E402
 from shardmaker.sample import SampleConfig  # noqa: E402
 from wdsr.bench import bench_naive, bench_stream, table  # noqa: E402
@@ -43,7 +43,7 @@ def shards(work: Path, frames: int) -> dict[str, str]:
         if done.exists() and json.loads(done.read_text()).get("samples") == frames:
             out[codec.value] = url  # builds are deterministic: the same sources give the same shards
             continue
-        build(BuildOptions(hr_src=str(src), out=url, sample=SampleConfig(scales=(4,), codec=codec), workers=2,
+        build(BuildConfig(hr_src=str(src), out=url, sample=SampleConfig(scales=(4,), codec=codec), workers=2,
                            progress=False, shard_size=200 * 10**6, overwrite=True))
         out[codec.value] = url
     return out
@@ -61,15 +61,15 @@ def main() -> int:
     # run during the first measurements and take CPU from the workers.
     os.sync()
     kw = dict(batch_size=16, patch_size=192, scale=4, seconds=args.seconds)
-    bench_stream(urls["png"], workers=2, k=16, **{**kw, "seconds": 5.0})  # unmeasured: the first loader of a process runs slow
+    bench_stream(urls["png"], workers=2, patches_per_image=16, **{**kw, "seconds": 5.0})  # unmeasured: the first loader of a process runs slow
     res = [
-        bench_stream(urls["png"], workers=1, k=16, name="wdsr PNG k=16, 1 worker", **kw),
-        bench_stream(urls["png"], workers=2, k=16, name="wdsr PNG k=16, 2 workers", **kw),
-        bench_stream(urls["png"], workers=2, k=16, verify="none", name="wdsr PNG k=16, 2 workers, verify=none", **kw),
+        bench_stream(urls["png"], workers=1, patches_per_image=16, name="wdsr PNG k=16, 1 worker", **kw),
+        bench_stream(urls["png"], workers=2, patches_per_image=16, name="wdsr PNG k=16, 2 workers", **kw),
+        bench_stream(urls["png"], workers=2, patches_per_image=16, verify="none", name="wdsr PNG k=16, 2 workers, verify=none", **kw),
         # unmeasured: the first pass over another 2.4 GB dataset runs ~4 points slow (page cache state)
-        bench_stream(urls["qoi"], workers=2, k=16, name="warm-up", **{**kw, "seconds": 5.0}),
-        bench_stream(urls["qoi"], workers=2, k=16, name="wdsr QOI k=16, 2 workers", **kw),
-        bench_stream(urls["qoi"], workers=2, k=16, verify="none", name="wdsr QOI k=16, 2 workers, verify=none", **kw),
+        bench_stream(urls["qoi"], workers=2, patches_per_image=16, name="warm-up", **{**kw, "seconds": 5.0}),
+        bench_stream(urls["qoi"], workers=2, patches_per_image=16, name="wdsr QOI k=16, 2 workers", **kw),
+        bench_stream(urls["qoi"], workers=2, patches_per_image=16, verify="none", name="wdsr QOI k=16, 2 workers, verify=none", **kw),
         bench_naive(urls["png"], workers=2, decoder="pillow", **kw),
         bench_naive(urls["png"], workers=2, decoder="same", **kw),
     ]

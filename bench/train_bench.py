@@ -56,7 +56,7 @@ def main() -> int:
     work = Path(args.out)
     urls = shards(work, args.frames)
     os.sync()
-    alone = {(c, w): bench_stream(urls[c], workers=w, k=16, batch_size=16, patch_size=192, scale=4, seconds=15,
+    alone = {(c, w): bench_stream(urls[c], workers=w, patches_per_image=16, batch_size=16, patch_size=192, scale=4, seconds=15,
                                   shuffle_buffer=64).patches_per_s
              for c, w in sorted({(c, w) for _, c, w, _, _ in RUNS})}
     rows = [run(urls[c], model, w, steps, window, work / f"run-{model}-{c}-{w}") | {"codec": c, "loader_alone": alone[c, w]}

@@ -28,11 +28,11 @@ import numpy as np
 from tqdm import tqdm
 
 import shardmaker
-from shardmaker import outdir, storage
-from shardmaker.errors import BuildError
+from shardmaker import _compat, outdir, storage
+from shardmaker.errors import BuildError, OnError
 from shardmaker.format.manifest import FORMAT, MANIFEST, Manifest, ManifestError, ShardInfo, shard_path
 from shardmaker.format.manifest import parse as parse_manifest
-from shardmaker.sample import PROVIDED, EncodedSample, SampleConfig, encode_or_skip
+from shardmaker.sample import EncodedSample, LrMethod, SampleConfig, encode_or_skip
 from shardmaker.sources import Pair, Skipped, scan
 from shardmaker.writer import ShardWriter
 
@@ -43,7 +43,7 @@ _SHARD_RE = re.compile(r"^shard-(?:\d{4}-)?\d{6}\.tar$")
 
 
 @dataclasses.dataclass(frozen=True)
-class BuildOptions:
+class BuildConfig:
     hr_src: str
     out: str
     lr_srcs: tuple[str, ...] = ()
@@ -53,12 +53,17 @@ class BuildOptions:
     workers: int = 1
     seed: int = 0
     part: tuple[int, int] | None = None  # (index, count)
-    skip_errors: bool = False
+    on_error: OnError = OnError.FAIL
     overwrite: bool = False
     progress: bool = True
     strict_resume: bool = False  # resume only over sources whose content hash is unchanged (reads them all once)
+    skip_errors: dataclasses.InitVar[bool | None] = None  # deprecated: on_error=OnError.SKIP
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, skip_errors: bool | None) -> None:
+        if skip_errors is not None:
+            _compat.warn("BuildConfig(skip_errors=...)", "BuildConfig(on_error=OnError.SKIP)", stacklevel=4)
+            object.__setattr__(self, "on_error", OnError.SKIP if skip_errors else OnError.FAIL)
+        object.__setattr__(self, "on_error", OnError(self.on_error))
         if self.shard_size < 4096:
             raise ValueError(f"--shard-size must be at least 4096 bytes, got {self.shard_size}")
         if self.max_samples is not None and self.max_samples < 1:
@@ -89,7 +94,7 @@ def part_manifest_name(part: tuple[int, int]) -> str:
     return f"manifest.part-{part[0]:04d}-of-{part[1]:04d}.json"
 
 
-def _content_hashes(pairs: list[Pair], opts: BuildOptions) -> list[str]:
+def _content_hashes(pairs: list[Pair], opts: BuildConfig) -> list[str]:
     """sha256 of every source file (``--strict-resume``)."""
     out = []
     for p in tqdm(pairs, desc="hash sources", unit="img", disable=not opts.progress):
@@ -102,7 +107,7 @@ def _content_hashes(pairs: list[Pair], opts: BuildOptions) -> list[str]:
     return out
 
 
-def fingerprint(pairs: list[Pair], opts: BuildOptions) -> str:
+def fingerprint(pairs: list[Pair], opts: BuildConfig) -> str:
     """Hash of everything that decides the dataset's bytes: sources by name, pixel size, file size
     and modification stamp (content hash with ``strict_resume``), and the flags. A source edited in
     place changes it, so a rerun rebuilds instead of keeping stale shards."""
@@ -114,15 +119,15 @@ def fingerprint(pairs: list[Pair], opts: BuildOptions) -> str:
         "content": _content_hashes(pairs, opts) if opts.strict_resume else None,
         "codec": cfg.codec.value,
         "png_level": cfg.png_level,
-        "lr_method": cfg.lr_method,
-        "scales": sorted(cfg.scales) if cfg.lr_method != PROVIDED else None,
+        "lr_method": cfg.lr_method.value,
+        "scales": sorted(cfg.scales) if cfg.lr_method is not LrMethod.PROVIDED else None,
         "mod_crop": cfg.mod_crop,
         "drop_alpha": cfg.drop_alpha,
         "shard_size": opts.shard_size,
         "max_samples": opts.max_samples,
         "seed": opts.seed,
         "parts": opts.part[1] if opts.part else None,
-        "skip_errors": opts.skip_errors,
+        "skip_errors": opts.on_error is OnError.SKIP,  # key kept: fingerprints of earlier builds stay valid
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
@@ -138,11 +143,11 @@ def order_samples(pairs: list[Pair], seed: int, part: tuple[int, int] | None) ->
     return ordered[lo:hi]
 
 
-def _encoded(todo: list[Pair], opts: BuildOptions) -> Generator[EncodedSample | Skipped, None, None]:
+def _encoded(todo: list[Pair], opts: BuildConfig) -> Generator[EncodedSample | Skipped, None, None]:
     """Encode in order; with several workers keep a bounded window of samples in flight."""
     if opts.workers == 1 or len(todo) <= 1:
         for pair in todo:
-            yield encode_or_skip(pair, opts.sample, opts.skip_errors)
+            yield encode_or_skip(pair, opts.sample, opts.on_error)
         return
     ctx = multiprocessing.get_context("spawn")  # no fork: fsspec/s3fs hold threads and loops
     with cf.ProcessPoolExecutor(opts.workers, mp_context=ctx) as pool:
@@ -150,7 +155,7 @@ def _encoded(todo: list[Pair], opts: BuildOptions) -> Generator[EncodedSample | 
         pending = iter(todo)
         try:
             for pair in pending:
-                window.append(pool.submit(encode_or_skip, pair, opts.sample, opts.skip_errors))
+                window.append(pool.submit(encode_or_skip, pair, opts.sample, opts.on_error))
                 if len(window) >= 2 * opts.workers:
                     yield window.popleft().result()
             while window:
@@ -163,7 +168,7 @@ def _encoded(todo: list[Pair], opts: BuildOptions) -> Generator[EncodedSample | 
 class _Output:
     """The output folder: what is there, and what we may overwrite or resume."""
 
-    def __init__(self, opts: BuildOptions, fp: str) -> None:
+    def __init__(self, opts: BuildConfig, fp: str) -> None:
         self.opts, self.fp = opts, fp
         self.fs, self.root = storage.open_dir(opts.out, opts.sample.storage_options)
         self.state_root = storage.join(self.root, STATE_DIR)
@@ -318,13 +323,13 @@ class _Output:
                 storage.discard(self.fs, self.path(n))
 
 
-def _manifest(opts: BuildOptions, fp: str, shards: list[ShardInfo], skipped: list[Skipped], n_total: int) -> Manifest:
+def _manifest(opts: BuildConfig, fp: str, shards: list[ShardInfo], skipped: list[Skipped], n_total: int) -> Manifest:
     cfg = opts.sample
     scales = sorted(cfg.scales)
     return Manifest(
         codec=cfg.codec.value,
         scales=scales,
-        lr_method=cfg.lr_method,
+        lr_method=cfg.lr_method.value,
         shards=shards,
         build={
             "fingerprint": fp,
@@ -341,16 +346,16 @@ def _manifest(opts: BuildOptions, fp: str, shards: list[ShardInfo], skipped: lis
     )
 
 
-def build(opts: BuildOptions) -> BuildResult:
+def build(opts: BuildConfig) -> BuildResult:
     """Run a whole (or part) build; see the module docstring for the crash-safety contract."""
     t0 = time.perf_counter()
-    pairs, skipped_scan = scan(opts.hr_src, opts.lr_srcs, opts.sample.mod_crop, opts.skip_errors, opts.sample.storage_options)
+    pairs, skipped_scan = scan(opts.hr_src, opts.lr_srcs, opts.sample.mod_crop, opts.on_error, opts.sample.storage_options)
     if opts.lr_srcs:
         scales = tuple(s for s, _, _ in pairs[0].lr)
         if opts.sample.scales and set(opts.sample.scales) != set(scales):
             raise BuildError(f"--scale {list(opts.sample.scales)} does not match the LR folders' scales {list(scales)}")
-        opts = dataclasses.replace(opts, sample=dataclasses.replace(opts.sample, scales=scales, lr_method=PROVIDED))
-    elif opts.sample.lr_method == PROVIDED:
+        opts = dataclasses.replace(opts, sample=dataclasses.replace(opts.sample, scales=scales, lr_method=LrMethod.PROVIDED))
+    elif opts.sample.lr_method is LrMethod.PROVIDED:
         raise BuildError("lr_method 'provided' needs LR folders (--lr)")
     fp = fingerprint(pairs, opts)
     out = _Output(opts, fp)
@@ -362,7 +367,7 @@ def build(opts: BuildOptions) -> BuildResult:
         return _build_locked(opts, out, pairs, skipped_scan, t0)
 
 
-def _build_locked(opts: BuildOptions, out: _Output, pairs: list[Pair], skipped_scan: list[Skipped], t0: float) -> BuildResult:
+def _build_locked(opts: BuildConfig, out: _Output, pairs: list[Pair], skipped_scan: list[Skipped], t0: float) -> BuildResult:
     fp = out.fp
     todo_all = order_samples(pairs, opts.seed, opts.part)
     manifest_path = out.path(out.final_name)
@@ -457,7 +462,7 @@ def _build_locked(opts: BuildOptions, out: _Output, pairs: list[Pair], skipped_s
     )
 
 
-def _replace(opts: BuildOptions, out: _Output, staging: str) -> BuildResult:
+def _replace(opts: BuildConfig, out: _Output, staging: str) -> BuildResult:
     """``--overwrite`` of a whole dataset: build the new one in OUT/_staging (resumable there), and
     only once it is complete swap it in; a failed build leaves the old dataset as it was."""
     known: set[str] = set()
@@ -549,3 +554,6 @@ def merge(out_url: str, storage_options: dict[str, Any] | None = None) -> Manife
     merged = Manifest(first.codec, first.scales, first.lr_method, shards, build_info)
     storage.write_atomic(fs, storage.join(root, MANIFEST), merged.dumps())
     return merged
+
+
+__getattr__ = _compat.module_getattr(__name__, {"BuildOptions": ("shardmaker.build.BuildConfig", BuildConfig)})

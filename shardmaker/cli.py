@@ -11,11 +11,11 @@ import sys
 from typing import NoReturn
 
 from shardmaker import __version__
-from shardmaker.build import BuildOptions, build, merge_when_ready
+from shardmaker.build import BuildConfig, build, merge_when_ready
 from shardmaker.codecs import Codec
-from shardmaker.errors import ShardmakerError
+from shardmaker.errors import OnError, ShardmakerError
 from shardmaker.resize import ResizeMethod
-from shardmaker.sample import PROVIDED, SampleConfig
+from shardmaker.sample import LrMethod, SampleConfig
 from shardmaker.verify import info_text, verify
 
 log = logging.getLogger("shardmaker")
@@ -216,7 +216,7 @@ def _parser() -> argparse.ArgumentParser:
 def _build(args: argparse.Namespace) -> int:
     # With --lr, the scales come from the LR folders; --scale, if given, must agree with them.
     scales = args.scale or (() if args.lr else (4,))
-    method = PROVIDED if args.lr else args.lr_method
+    method = LrMethod.PROVIDED if args.lr else LrMethod(args.lr_method)
     cfg = SampleConfig(
         scales=scales,
         codec=Codec(args.codec),
@@ -226,7 +226,7 @@ def _build(args: argparse.Namespace) -> int:
         drop_alpha=args.drop_alpha,
         max_pixels=args.max_pixels,
     )
-    opts = BuildOptions(
+    opts = BuildConfig(
         hr_src=args.hr_src,
         out=args.out,
         lr_srcs=tuple(args.lr),
@@ -236,7 +236,7 @@ def _build(args: argparse.Namespace) -> int:
         workers=args.workers,
         seed=args.seed,
         part=args.part,
-        skip_errors=args.on_error == "skip",
+        on_error=OnError(args.on_error),
         overwrite=args.overwrite,
         progress=not args.quiet,
         strict_resume=args.strict_resume,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Any
+
+from shardmaker import _compat
 
 
 class ShardmakerError(Exception):
@@ -25,5 +28,17 @@ class BuildError(ShardmakerError):
     """The build cannot go on: output refused, write failed, parts inconsistent."""
 
 
-class VerifyError(ShardmakerError):
-    """A shard set does not match its manifest."""
+class OnError(str, enum.Enum):
+    """What to do with a bad sample, in ``shardmaker build`` and in ``wdsr.SRDataset`` alike."""
+
+    FAIL = "fail"  # raise, naming the file/shard and key
+    SKIP = "skip"  # leave the sample out, count and log it (the stream keeps batch counts equal)
+
+
+class _VerifyError(ShardmakerError):
+    """Never raised: ``shardmaker.verify.verify`` returns its problems (the CLI exits 1 on any)."""
+
+
+__getattr__ = _compat.module_getattr(
+    __name__, {"VerifyError": ("the problems list that shardmaker.verify.verify returns", _VerifyError)}
+)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import json
 import posixpath
@@ -12,15 +13,25 @@ import fsspec
 import numpy as np
 import xxhash
 
-from shardmaker import codecs
+from shardmaker import _compat, codecs
 from shardmaker.codecs import Codec, ImageDataError
-from shardmaker.errors import InputError
+from shardmaker.errors import InputError, OnError
 from shardmaker.format import tario
 from shardmaker.format.manifest import hr_member, lr_member, pair_fits
 from shardmaker.resize import ResizeMethod, downscale
 from shardmaker.sources import Pair, Skipped
 
-PROVIDED = "provided"
+
+class LrMethod(str, enum.Enum):
+    """Where a sample's LR images come from; the value is what the manifest and ``--lr-method`` say."""
+
+    MATLAB = ResizeMethod.MATLAB.value  # generated: MATLAB imresize on im2double input
+    MATLAB_UINT8 = ResizeMethod.MATLAB_UINT8.value  # generated: MATLAB imresize on uint8 input
+    PROVIDED = "provided"  # read from the LR folders given with --lr
+
+    @property
+    def resize(self) -> ResizeMethod | None:
+        return None if self is LrMethod.PROVIDED else ResizeMethod(self.value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,17 +41,20 @@ class SampleConfig:
     scales: tuple[int, ...]  # generated scales; ignored when LR images are provided
     codec: Codec = Codec.PNG
     png_level: int = 1
-    lr_method: str = ResizeMethod.MATLAB.value  # or "provided"
+    lr_method: LrMethod = LrMethod.MATLAB
     mod_crop: bool = True
     drop_alpha: bool = False
     max_pixels: int = 1 << 28
     storage_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "lr_method", LrMethod(self.lr_method))
+        except ValueError:
+            raise ValueError(f"lr_method must be one of {', '.join(m.value for m in LrMethod)}, got {self.lr_method!r}") from None
         if not 0 <= self.png_level <= 9:
             raise ValueError(f"png level must be 0..9, got {self.png_level}")
-        if self.lr_method != PROVIDED:
-            ResizeMethod(self.lr_method)
+        if self.lr_method is not LrMethod.PROVIDED:
             if not self.scales or any(s < 2 for s in self.scales):
                 raise ValueError(f"scales must be integers >= 2, got {self.scales}")
 
@@ -75,7 +89,7 @@ def _lr_images(pair: Pair, hr: np.ndarray, cfg: SampleConfig) -> dict[int, tuple
     """scale -> (LR array, LR source relative path or None when generated)."""
     h, w = hr.shape[:2]
     out: dict[int, tuple[np.ndarray, str | None]] = {}
-    if cfg.lr_method == PROVIDED:
+    if cfg.lr_method is LrMethod.PROVIDED:
         for s, url, rel in pair.lr:
             lr = _load(url, cfg)
             lh, lw = lr.shape[:2]
@@ -85,7 +99,8 @@ def _lr_images(pair: Pair, hr: np.ndarray, cfg: SampleConfig) -> dict[int, tuple
                 raise InputError(url, f"LR is {_describe(lr)} (bit depth, channels) but HR is {_describe(hr)}")
             out[s] = (lr, rel)
         return out
-    method = ResizeMethod(cfg.lr_method)
+    method = cfg.lr_method.resize
+    assert method is not None
     if method is ResizeMethod.MATLAB_UINT8 and hr.dtype != np.uint8:
         raise InputError(pair.hr, "16-bit image: --lr-method matlab-uint8 takes 8-bit images only (use matlab)")
     for s in sorted(cfg.scales):
@@ -119,13 +134,13 @@ def encode_sample(pair: Pair, cfg: SampleConfig) -> EncodedSample:
         "scales": sorted(lrs),
         "bit_depth": bit_depth,
         "channels": channels,
-        "lr_method": cfg.lr_method,
+        "lr_method": cfg.lr_method.value,
         "lr_sizes": {str(s): [lr.shape[1], lr.shape[0]] for s, (lr, _) in lrs.items()},
         "hr_crop": {str(s): [s * lr.shape[1], s * lr.shape[0]] for s, (lr, _) in lrs.items()},
         "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in members.items()},
         "xxh3_64": {name: xxhash.xxh3_64_hexdigest(data) for name, data in members.items()},  # fast check when streaming
     }
-    if cfg.lr_method == PROVIDED:
+    if cfg.lr_method is LrMethod.PROVIDED:
         meta["lr_sources"] = {str(s): rel for s, (_, rel) in lrs.items()}
     blob = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
     parts = [tario.member_bytes(f"{pair.key}.json", blob)]
@@ -133,11 +148,14 @@ def encode_sample(pair: Pair, cfg: SampleConfig) -> EncodedSample:
     return EncodedSample(pair.key, b"".join(parts), (w, h))
 
 
-def encode_or_skip(pair: Pair, cfg: SampleConfig, skip: bool) -> EncodedSample | Skipped:
+def encode_or_skip(pair: Pair, cfg: SampleConfig, on_error: OnError) -> EncodedSample | Skipped:
     """``encode_sample``, turning bad input into a ``Skipped`` record when skipping."""
     try:
         return encode_sample(pair, cfg)
     except InputError as exc:
-        if not skip:
+        if on_error is not OnError.SKIP:
             raise
         return Skipped(exc.path, exc.reason)
+
+
+__getattr__ = _compat.module_getattr(__name__, {"PROVIDED": ("shardmaker.sample.LrMethod.PROVIDED", LrMethod.PROVIDED)})

@@ -18,7 +18,7 @@ from typing import Any
 import fsspec
 
 from shardmaker import codecs, storage
-from shardmaker.errors import InputError
+from shardmaker.errors import InputError, OnError
 
 log = logging.getLogger(__name__)
 _XSUFFIX = re.compile(r"^(.*?)x(\d+)$")
@@ -138,8 +138,8 @@ def scale_of(hr_size: tuple[int, int], lr_size: tuple[int, int], mod_crop: bool)
 class _Collector:
     """Raise on the first problem, or record it and go on (``--on-error skip``)."""
 
-    def __init__(self, skip: bool) -> None:
-        self.skip = skip
+    def __init__(self, on_error: OnError) -> None:
+        self.skip = on_error is OnError.SKIP
         self.skipped: list[Skipped] = []
 
     def problem(self, path: str, reason: str) -> None:
@@ -153,14 +153,14 @@ def scan(
     hr_url: str,
     lr_urls: Iterable[str] = (),
     mod_crop: bool = True,
-    skip_errors: bool = False,
+    on_error: OnError = OnError.FAIL,
     storage_options: dict[str, Any] | None = None,
 ) -> tuple[list[Pair], list[Skipped]]:
     """All pairs under ``hr_url``, sorted by key; problems raise, or are listed when skipping."""
     lr_urls = list(lr_urls)
     fs, hr_root = _open_root(hr_url, "HR source folder", storage_options)
     lr_roots = [_open_root(u, "LR source folder", storage_options) for u in lr_urls]
-    out = _Collector(skip_errors)
+    out = _Collector(OnError(on_error))
     hr_stamps = _list_images(fs, hr_root, exclude=[r for f2, r in lr_roots if f2 is fs], problem=out.problem)
     hr_paths = list(hr_stamps)
     if not hr_paths:

@@ -146,8 +146,13 @@ def test_val_every_image_once_in_order_whole_and_tiled(photo_shards):
     whole = {it.key: it.hr[0] for it in run(wdsr.SRDataset(str(photo_shards), scale=4, split="val"), 0)}
     for it in run(tiled, 2):
         assert it.lr.shape[0] > 1 and it.lr.shape[-1] == 24
+        w, h = it.lr_size  # (w, h), as every size in wdsr
+        assert (4 * h, 4 * w) == tuple(whole[it.key].shape[-2:])
         back = wdsr.stitch(it.hr, [tuple(b) for b in it.boxes], 4, tuple(it.lr_size))
         assert torch.equal(back.round().to(torch.uint8), whole[it.key])
+        if w != h:  # an (h, w) size is refused, not stitched into the wrong shape
+            with pytest.raises(ValueError, match="lr_size"):
+                wdsr.stitch(it.hr, [tuple(b) for b in it.boxes], 4, (h, w))
 
 
 # ---- bad input ---------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from wdsr.plan import slice_length, train_plan, val_plan
 
 
 def positions(slices):
-    return [[(sp.shard, i, sp.rep) for sp in s for i in range(sp.start, sp.stop)] for s in slices]
+    return [[(sp.shard_index, i, sp.rep) for sp in s for i in range(sp.start, sp.stop)] for s in slices]
 
 
 CASES = [
@@ -45,7 +45,7 @@ def test_pure_and_epoch_dependent():
     sizes = [4, 6, 2, 8, 5]
     a = train_plan(sizes, 1, 3, 2, 2)
     assert a == train_plan(sizes, 1, 3, 2, 2)
-    orders = {tuple(sp.shard for s in train_plan(sizes, 1, e, 1, 1) for sp in s) for e in range(6)}
+    orders = {tuple(sp.shard_index for s in train_plan(sizes, 1, e, 1, 1) for sp in s) for e in range(6)}
     assert len(orders) > 1
     assert train_plan(sizes, 1, 3, 2, 2) != train_plan(sizes, 2, 3, 2, 2) or len(set(sizes)) == 1
 

@@ -65,7 +65,7 @@ def test_build_writes_shards_and_manifest_to_s3_and_verify_reads_them(s3, s3_pho
 
 def test_large_shards_are_uploaded_in_parts(s3, tmp_path):
     """A shard bigger than the upload block goes up as a multipart upload (ETag "...-N")."""
-    from shardmaker.build import BuildOptions, build
+    from shardmaker.build import BuildConfig, build
     from shardmaker.codecs import Codec
     from shardmaker.sample import SampleConfig
 
@@ -73,7 +73,7 @@ def test_large_shards_are_uploaded_in_parts(s3, tmp_path):
         save(tmp_path / "src" / f"big{i}.png", np.ascontiguousarray(np.tile(pic, (2, 2, 1))[:1000, :1000]))
     url = f"s3://{S3_BUCKET}/multipart"
     opts = {"default_block_size": 5 * 2**20}  # the S3 minimum part size
-    build(BuildOptions(hr_src=str(tmp_path / "src"), out=url, progress=False,
+    build(BuildConfig(hr_src=str(tmp_path / "src"), out=url, progress=False,
                        sample=SampleConfig(scales=(2,), codec=Codec.QOI, storage_options=opts)))
     m = load(url)
     assert len(m.shards) == 1 and m.shards[0].bytes > 5 * 2**20
@@ -166,10 +166,10 @@ def test_killed_server_mid_epoch_is_a_clear_error_not_a_hang(tmp_path, photo_src
         opts = {"key": env["AWS_ACCESS_KEY_ID"], "secret": env["AWS_SECRET_ACCESS_KEY"], "endpoint_url": server.endpoint,
                 "client_kwargs": {"region_name": REGION}}
         url = "s3://dying/ds"
-        from shardmaker.build import BuildOptions, build
+        from shardmaker.build import BuildConfig, build
         from shardmaker.sample import SampleConfig
 
-        build(BuildOptions(hr_src=str(photo_src), out=url, progress=False, max_samples=2,
+        build(BuildConfig(hr_src=str(photo_src), out=url, progress=False, max_samples=2,
                            sample=SampleConfig(scales=(4,), storage_options=opts)))
         ds = dataset(url, storage_options=opts, retry=FAST, read_ahead=0)
         it = iter(wdsr.make_loader(ds, num_workers=2))
@@ -305,7 +305,7 @@ def test_two_ranks_two_workers_stream_from_s3(s3, s3_photo_shards, tmp_path):
 
 def test_a_failed_build_leaves_no_torn_shard_and_no_open_upload(s3, tmp_path):
     """A corrupt source mid-shard: the multipart upload is aborted, never completed."""
-    from shardmaker.build import BuildOptions, build
+    from shardmaker.build import BuildConfig, build
     from shardmaker.codecs import Codec
     from shardmaker.sample import SampleConfig
 
@@ -317,7 +317,7 @@ def test_a_failed_build_leaves_no_torn_shard_and_no_open_upload(s3, tmp_path):
     url = f"s3://{S3_BUCKET}/torn"
     opts = {"default_block_size": 5 * 2**20}
     with pytest.raises(Exception, match="bad.png"):
-        build(BuildOptions(hr_src=str(tmp_path / "src"), out=url, progress=False,
+        build(BuildConfig(hr_src=str(tmp_path / "src"), out=url, progress=False,
                            sample=SampleConfig(scales=(2,), codec=Codec.QOI, storage_options=opts)))
     fs = s3fs_for(s3.endpoint)
     left = [p for p in fs.find(f"{S3_BUCKET}/torn") if p.endswith(".tar") or p.endswith("manifest.json")]

@@ -13,7 +13,7 @@ from wdsr.augment import N_DIHEDRAL, dihedral_view, to_chw
 from wdsr.decode import DecodedPair
 from wdsr.errors import SampleError
 from wdsr.handoff import BatchPool, is_slot
-from wdsr.patches import PatchSpec, cut_patches
+from wdsr.patches import PatchConfig, cut_patches
 from wdsr.plan import Span
 from wdsr.shuffle import shuffled
 
@@ -92,7 +92,7 @@ def _pair(s: int, key: str = "k") -> DecodedPair:
 
 @pytest.mark.parametrize("s", [2, 4])
 def test_patches_are_aligned_and_do_not_depend_on_how_they_are_asked_for(s):
-    spec = PatchSpec(s, 8 * s)
+    spec = PatchConfig(s, 8 * s)
     pair = _pair(s)
     all5, _ = cut_patches(pair, spec, seed=3, epoch=1, first=0, count=5)
     for p in all5:
@@ -106,17 +106,17 @@ def test_patches_are_aligned_and_do_not_depend_on_how_they_are_asked_for(s):
 
 def test_patch_spec_and_small_images_are_refused_clearly():
     with pytest.raises(ValueError, match="multiple of scale"):
-        PatchSpec(4, 30)
+        PatchConfig(4, 30)
     with pytest.raises(SampleError, match="smaller than the LR patch"):
-        cut_patches(_pair(2), PatchSpec(2, 2 * 64), 0, 0, 0, 1)
+        cut_patches(_pair(2), PatchConfig(2, 2 * 64), 0, 0, 0, 1)
 
 
 def test_flat_patches_are_rejected_when_asked():
     pair = _pair(2)
     pair.lr[:, :24] = 0  # a black border over half the image
     pair.hr[:, :48] = 0
-    plain, _ = cut_patches(pair, PatchSpec(2, 16, augment=False), 0, 0, 0, 64)
-    picky, rejected = cut_patches(pair, PatchSpec(2, 16, augment=False, min_patch_std=5.0, max_tries=20), 0, 0, 0, 64)
+    plain, _ = cut_patches(pair, PatchConfig(2, 16, augment=False), 0, 0, 0, 64)
+    picky, rejected = cut_patches(pair, PatchConfig(2, 16, augment=False, min_patch_std=5.0, max_tries=20), 0, 0, 0, 64)
     flat = lambda ps: sum(float(p.lr.std()) < 5.0 for p in ps)  # noqa: E731
     assert flat(plain) > 10 and flat(picky) < flat(plain) and rejected > 0
 

@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+from shardmaker import _compat
 from shardmaker.format import manifest as mf
 from wdsr.dataset import SRDataset
 from wdsr.decode import Verify, decode_pair, wanted_members
@@ -53,7 +54,7 @@ def bench_stream(
     url: str,
     workers: int = 2,
     batch_size: int = 16,
-    k: int = 16,
+    patches_per_image: int = 16,
     patch_size: int = 192,
     scale: int = 4,
     seconds: float = 20.0,
@@ -64,12 +65,15 @@ def bench_stream(
     **read: Any,
 ) -> BenchResult:
     """Stream ``url`` for ``seconds`` after a warm-up; ``read`` goes to SRDataset (read_ahead, cache_dir, ...)."""
+    if "k" in read:
+        _compat.warn("bench_stream(k=...)", "bench_stream(patches_per_image=...)")
+        patches_per_image = read.pop("k")
     t_start = time.perf_counter()
     ds = SRDataset(
         url,
         scale=scale,
         patch_size=patch_size,
-        patches_per_image=k,
+        patches_per_image=patches_per_image,
         batch_size=batch_size,
         shuffle_buffer=shuffle_buffer,
         verify=verify,
@@ -105,7 +109,7 @@ def bench_stream(
     verify_ms = after["verify_ns"] / max(after["samples"], 1) / 1e6
     patch_ms = after["patch_ns"] / max(after["patches"], 1) / 1e6
     cores = min(max(1, workers), os.cpu_count() or 1)
-    ceiling = cores * 1000.0 / (decode_ms / k + patch_ms)
+    ceiling = cores * 1000.0 / (decode_ms / patches_per_image + patch_ms)
     opens = after["cache_hits"] + after["cache_misses"]
     res = BenchResult(
         name,
@@ -219,7 +223,7 @@ def bench_naive(
     )
 
 
-def table(results: list[BenchResult], k: int) -> str:
+def table(results: list[BenchResult], patches_per_image: int) -> str:
     head = (
         "| loader | patches/s | MB/s read | decode share | decode ms/sample | verify ms/sample | ms/patch "
         "| ceiling | of ceiling | peak RSS/worker | private/worker | first batch | cache hits | retries |"

@@ -150,7 +150,7 @@ def _bench(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         cache_limit=int(args.cache_limit * 1e9) if args.cache_limit else None,
     )
-    stream = dict(k=args.patches_per_image, verify=args.verify, shuffle_buffer=args.shuffle_buffer, **read, **kw)
+    stream = dict(patches_per_image=args.patches_per_image, verify=args.verify, shuffle_buffer=args.shuffle_buffer, **read, **kw)
     results = [bench_stream(args.url, name=f"wdsr k={args.patches_per_image}: {args.url}", **stream)]
     if args.compare:
         results.append(bench_stream(args.compare, name=f"wdsr k={args.patches_per_image}: {args.compare}", **stream))

@@ -13,15 +13,17 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
+from shardmaker import _compat
+from shardmaker.errors import OnError
 from shardmaker.format import headers
 from shardmaker.format import manifest as mf
 from wdsr import env
 from wdsr.decode import DecodedPair, Verify, decode_pair, wanted_members
 from wdsr.errors import SampleError
 from wdsr.handoff import BatchPool
-from wdsr.patches import Patch, PatchSpec, cut_patches
+from wdsr.patches import Patch, PatchConfig, cut_patches
 from wdsr.plan import Span, slice_length, train_plan, val_plan
-from wdsr.read import Fetch, ReadOptions, ShardReader
+from wdsr.read import Fetch, ReadConfig, ShardReader
 from wdsr.remote import Retry
 from wdsr.shuffle import shuffled
 from wdsr.stats import SharedStats
@@ -36,13 +38,8 @@ class Split(str, enum.Enum):
     VAL = "val"
 
 
-class OnError(str, enum.Enum):
-    FAIL = "fail"  # raise, naming shard and key
-    SKIP = "skip"  # leave the sample out, count and log it; batch counts stay equal
-
-
 @dataclasses.dataclass(frozen=True)
-class Options:
+class DatasetConfig:
     scale: int = 4
     patch_size: int = 192
     patches_per_image: int = 16
@@ -69,7 +66,7 @@ class Options:
         if self.tile is not None and not 0 <= self.tile_overlap < self.tile:
             raise ValueError(f"tile_overlap must be in [0, tile), got {self.tile_overlap} for tile {self.tile}")
         if self.split is Split.TRAIN:
-            PatchSpec(self.scale, self.patch_size, self.augment, self.min_patch_std, self.max_tries)
+            PatchConfig(self.scale, self.patch_size, self.augment, self.min_patch_std, self.max_tries)
 
 
 class ValSample(NamedTuple):
@@ -79,7 +76,7 @@ class ValSample(NamedTuple):
     hr: torch.Tensor  # [1 or T, C, s*h, s*w]
     key: str
     boxes: list[tuple[int, int, int, int]] | None
-    lr_size: tuple[int, int]  # (h, w) of the whole LR image
+    lr_size: tuple[int, int]  # (w, h) of the whole LR image, like every size in wdsr and the manifest
 
 
 class SRDataset(IterableDataset):
@@ -123,7 +120,7 @@ class SRDataset(IterableDataset):
         max_pixels: int = headers.DEFAULT_MAX_PIXELS,
     ) -> None:
         super().__init__()
-        self.opts = Options(
+        self.opts = DatasetConfig(
             scale,
             patch_size,
             patches_per_image,
@@ -147,7 +144,7 @@ class SRDataset(IterableDataset):
             raise ValueError(f"{url}: no x{scale} LR in this dataset (scales: {self.manifest.scales})")
         self.world = world if world is not None else env.current_world()
         self.reader = ShardReader(
-            url, self.manifest, storage_options, ReadOptions(retry or Retry(), read_ahead, Fetch(fetch), cache_dir, cache_limit)
+            url, self.manifest, storage_options, ReadConfig(retry or Retry(), read_ahead, Fetch(fetch), cache_dir, cache_limit)
         )
         self.num_workers = 0  # set by make_loader, used by __len__
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()  # shared with (persistent) workers
@@ -218,7 +215,7 @@ class SRDataset(IterableDataset):
             pos = span.start
             while pos < span.stop:
                 try:
-                    for raw in self.reader.span(Span(span.shard, pos, span.stop, span.rep), wanted):
+                    for raw in self.reader.span(Span(span.shard_index, pos, span.stop, span.rep), wanted):
                         pos = raw.index + 1
                         self.stats.add(worker, samples=1, bytes_read=raw.nbytes, read_ns=raw.read_ns, **self.reader.take_counts())
                         try:
@@ -246,7 +243,7 @@ class SRDataset(IterableDataset):
         failed, from the first good sample found in ``fallback``.
         """
         o = self.opts
-        spec = PatchSpec(o.scale, o.patch_size, o.augment, o.min_patch_std, o.max_tries)
+        spec = PatchConfig(o.scale, o.patch_size, o.augment, o.min_patch_std, o.max_tries)
         k = o.patches_per_image
         owed, extra, last = 0, 0, None
         for item in self._pairs(spans, worker):
@@ -274,7 +271,7 @@ class SRDataset(IterableDataset):
         source = [last] if last is not None else fallback
         pair = next((p for p in self._pairs(source, worker) if not isinstance(p, SampleError)), None)
         if pair is None:
-            shard = self.manifest.shards[spans[0].shard].name if spans else "(no shard)"
+            shard = self.manifest.shards[spans[0].shard_index].name if spans else "(no shard)"
             raise SampleError(shard, None, "no sample of the dataset could be read; nothing to train on")
         more, _ = cut_patches(pair, spec, o.seed, epoch, _EXTRA_J + extra, owed)
         self.stats.add(worker, patches=len(more))
@@ -338,7 +335,7 @@ class SRDataset(IterableDataset):
             hr = np.stack([pair.hr[s * y : s * (y + h), s * x : s * (x + w)] for y, x, h, w in boxes])
         lr_t = torch.from_numpy(_nchw(lr))
         hr_t = torch.from_numpy(_nchw(hr))
-        return ValSample(lr_t, hr_t, pair.key, boxes, (lh, lw))
+        return ValSample(lr_t, hr_t, pair.key, boxes, (lw, lh))
 
 
 def _nchw(a: np.ndarray) -> np.ndarray:
@@ -350,3 +347,6 @@ def collate(patches: list[Patch], return_keys: bool = False) -> tuple[Any, ...]:
     lr = torch.from_numpy(np.stack([p.lr for p in patches]))
     hr = torch.from_numpy(np.stack([p.hr for p in patches]))
     return (lr, hr, [p.key for p in patches]) if return_keys else (lr, hr)
+
+
+__getattr__ = _compat.module_getattr(__name__, {"Options": ("wdsr.dataset.DatasetConfig", DatasetConfig)})

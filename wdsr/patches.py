@@ -11,6 +11,7 @@ import hashlib
 
 import numpy as np
 
+from shardmaker import _compat
 from wdsr.augment import N_DIHEDRAL, dihedral_view, to_chw
 from wdsr.decode import DecodedPair
 from wdsr.errors import SampleError
@@ -25,7 +26,7 @@ class Patch:
 
 
 @dataclasses.dataclass(frozen=True)
-class PatchSpec:
+class PatchConfig:
     scale: int
     patch_size: int  # HR side; a multiple of scale
     augment: bool = True
@@ -53,7 +54,7 @@ def patch_rng(seed: int, epoch: int, key: str | int, j: int) -> np.random.Genera
     return np.random.default_rng([seed, epoch, key if isinstance(key, int) else key_hash(key), j])
 
 
-def cut(pair: DecodedPair, spec: PatchSpec, rng: np.random.Generator, j: int) -> tuple[Patch, int]:
+def cut(pair: DecodedPair, spec: PatchConfig, rng: np.random.Generator, j: int) -> tuple[Patch, int]:
     """One patch (and how many candidates were rejected as flat)."""
     s, p = spec.scale, spec.patch_size // spec.scale
     lh, lw = pair.lr.shape[:2]
@@ -80,7 +81,7 @@ def cut(pair: DecodedPair, spec: PatchSpec, rng: np.random.Generator, j: int) ->
     return Patch(to_chw(lr), to_chw(hr), pair.key, j), rejected
 
 
-def cut_patches(pair: DecodedPair, spec: PatchSpec, seed: int, epoch: int, first: int, count: int) -> tuple[list[Patch], int]:
+def cut_patches(pair: DecodedPair, spec: PatchConfig, seed: int, epoch: int, first: int, count: int) -> tuple[list[Patch], int]:
     """Patches ``first .. first+count-1`` of this pair (j is offset by the plan's wrap count)."""
     out, rejected = [], 0
     kh = key_hash(pair.key)
@@ -89,3 +90,6 @@ def cut_patches(pair: DecodedPair, spec: PatchSpec, seed: int, epoch: int, first
         out.append(patch)
         rejected += r
     return out, rejected
+
+
+__getattr__ = _compat.module_getattr(__name__, {"PatchSpec": ("wdsr.patches.PatchConfig", PatchConfig)})

@@ -17,12 +17,12 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class Span:
-    """Samples ``start..stop-1`` of shard ``shard`` (its manifest index), read in order.
+    """Samples ``start..stop-1`` of the shard at ``shard_index`` in the manifest, read in order.
 
     ``rep`` counts wrap-arounds: 0 for the first pass over the data, 1+ for padding repeats.
     """
 
-    shard: int
+    shard_index: int  # position in the manifest; ``shard`` elsewhere is always a name
     start: int
     stop: int
     rep: int = 0

@@ -22,7 +22,7 @@ from typing import Any
 
 import fsspec
 
-from shardmaker import storage
+from shardmaker import _compat, storage
 from shardmaker.format import manifest as mf
 from shardmaker.format import tario
 from shardmaker.format.manifest import Manifest, ShardInfo
@@ -58,7 +58,7 @@ class Fetch(str, enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
-class ReadOptions:
+class ReadConfig:
     retry: Retry = Retry()
     read_ahead: int = 1  # samples fetched ahead of the one being decoded (remote, Fetch.RANGES)
     fetch: Fetch = Fetch.RANGES
@@ -81,10 +81,10 @@ class ShardReader:
     """
 
     def __init__(
-        self, url: str, manifest: Manifest, storage_options: dict[str, Any] | None = None, options: ReadOptions | None = None
+        self, url: str, manifest: Manifest, storage_options: dict[str, Any] | None = None, options: ReadConfig | None = None
     ) -> None:
         self.url, self.manifest = url, manifest
-        self.options = options or ReadOptions()
+        self.options = options or ReadConfig()
         self.storage_options = dict(storage_options or {})
         self.cache = ShardCache(self.options.cache_dir, self.options.cache_limit) if self.options.cache_dir else None
         self.counts: Counter[str] = Counter()
@@ -133,7 +133,7 @@ class ShardReader:
         shard to make one (a peek at one sample).
         """
         self._open_fs()
-        info = self.manifest.shards[span.shard]
+        info = self.manifest.shards[span.shard_index]
         path = mf.shard_path(self._root, info.name)  # always inside the dataset, whatever the name says
         if storage.is_local(self._fs):
             yield from self._file_span(self._fs, path, info, span, wanted)
@@ -219,7 +219,7 @@ class ShardReader:
                     members,
                     nbytes,
                     time.perf_counter_ns() - t0,
-                    Span(span.shard, i, i + 1, span.rep),
+                    Span(span.shard_index, i, i + 1, span.rep),
                     (info.hr_sizes[i][0], info.hr_sizes[i][1]),
                 )
 
@@ -275,7 +275,7 @@ class ShardReader:
                     members,
                     nbytes,
                     ns + time.perf_counter_ns() - t0,
-                    Span(span.shard, i, i + 1, span.rep),
+                    Span(span.shard_index, i, i + 1, span.rep),
                     (info.hr_sizes[i][0], info.hr_sizes[i][1]),
                 )
                 del data, members
@@ -326,3 +326,6 @@ def _members(f: Any, length: int, shard: str, key: str, wanted: frozenset[str]) 
     except tario.TarFormatError as exc:
         raise SampleError(shard, key, f"bad tar data ({exc})") from None
     return out
+
+
+__getattr__ = _compat.module_getattr(__name__, {"ReadOptions": ("wdsr.read.ReadConfig", ReadConfig)})
