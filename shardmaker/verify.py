@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -20,24 +19,6 @@ from shardmaker.format.manifest import Manifest, ShardInfo
 
 def _expected_members(m: Manifest) -> list[str]:
     return mf.sample_members(m.codec, m.scales)
-
-
-def _group(data: bytes, where: str) -> Iterator[tuple[str, int, dict[str, bytes]]]:
-    """``(key, offset, {member: bytes})`` per sample, in shard order."""
-    key: str | None = None
-    start = 0
-    members: dict[str, bytes] = {}
-    for name, offset, payload in tario.iter_members(io.BytesIO(data), limit=len(data)):
-        k, ext = tario.split_name(name)
-        if k != key:
-            if key is not None:
-                yield key, start, members
-            key, start, members = k, offset, {}
-        if ext in members:
-            raise tario.TarFormatError(f"{where}: member {name} appears twice")
-        members[ext] = payload
-    if key is not None:
-        yield key, start, members
 
 
 def _check_pair(
@@ -99,7 +80,7 @@ def verify_shard(m: Manifest, info: ShardInfo, data: bytes, deep: bool) -> list[
     want = _expected_members(m)
     seen = 0
     try:
-        for i, (key, offset, members) in enumerate(_group(data, where)):
+        for i, (key, offset, members) in enumerate(tario.iter_samples(io.BytesIO(data), limit=len(data))):
             seen += 1
             if i >= info.samples:
                 problems.append(f"{where}: extra sample {key!r} not in the manifest")

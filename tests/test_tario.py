@@ -63,3 +63,46 @@ def test_truncation_and_bad_checksum_are_detected():
 def test_split_name_follows_webdataset():
     assert tario.split_name("dir/sub/img_1.lr_x4.png") == ("dir/sub/img_1", "lr_x4.png")
     assert tario.split_name("k.json") == ("k", "json")
+
+
+class _CountingReader(io.BytesIO):
+    """Counts the bytes handed out by read(), to show that unwanted members are seeked over."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.read_bytes = 0
+
+    def read(self, n: int = -1) -> bytes:
+        out = super().read(n)
+        self.read_bytes += len(out)
+        return out
+
+
+def test_iter_samples_groups_by_key_with_offsets_even_when_the_first_member_is_skipped():
+    long = "deep/" + "n" * 120
+    members = [("a.json", b"{}"), ("a.hr.png", b"x" * 700), (f"{long}.hr.png", b"h" * 1025),
+               (f"{long}.lr_x4.png", b"y" * 3000), ("c.d.hr.png", b"z" * 10)]
+    data = _archive(members)
+    offsets = {n: off for n, off, _ in tario.iter_members(io.BytesIO(data))}
+    full = list(tario.iter_samples(io.BytesIO(data)))
+    assert [(k, off, sorted(m)) for k, off, m in full] == [
+        ("a", 0, ["hr.png", "json"]), (long, offsets[f"{long}.hr.png"], ["hr.png", "lr_x4.png"]),
+        ("c", offsets["c.d.hr.png"], ["d.hr.png"])]  # the key ends at the first dot of the basename
+    f = _CountingReader(data)
+    only_lr = list(tario.iter_samples(f, want=lambda ext: ext == "lr_x4.png"))
+    # every sample and its offset still come out (the first member of each was not read) ...
+    assert [(k, off) for k, off, _ in only_lr] == [(k, off) for k, off, _ in full]
+    assert [m for _, _, m in only_lr] == [{}, {"lr_x4.png": b"y" * 3000}, {}]
+    # ... and of the payloads only the wanted one was read: the others were seeked over
+    g = _CountingReader(data)
+    list(tario.iter_samples(g))
+    assert g.read_bytes - f.read_bytes == sum(len(d) for n, d in members if not n.endswith(".lr_x4.png"))
+
+
+@pytest.mark.parametrize("want", [None, lambda ext: ext == "json"])
+def test_iter_samples_refuses_a_member_twice_in_a_sample_even_unread(want):
+    data = _archive([("a.json", b"{}"), ("a.hr.png", b"1"), ("a.hr.png", b"2"), ("b.json", b"{}")])
+    with pytest.raises(tario.TarFormatError, match="'a.hr.png' appears twice in sample 'a'"):
+        list(tario.iter_samples(io.BytesIO(data), want=want))
+    # the same extension in the next sample is fine
+    assert len(list(tario.iter_samples(io.BytesIO(_archive([("a.hr.png", b"1"), ("b.hr.png", b"2")]))))) == 2

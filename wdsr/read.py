@@ -309,20 +309,11 @@ class _View:
 def _members(f: Any, length: int, shard: str, key: str, wanted: frozenset[str]) -> dict[str, bytes | memoryview]:
     """The wanted members of the sample that starts at ``f``'s position and spans ``length`` bytes."""
     out: dict[str, bytes | memoryview] = {}
-    seen: set[str] = set()
-
-    def want(name: str) -> bool:
-        k, ext = tario.split_name(name)
-        if k != key:
-            raise SampleError(shard, key, f"found member {name!r} where the manifest puts sample {key!r}")
-        if ext in seen:
-            raise SampleError(shard, key, f"member {ext!r} appears twice in the sample")
-        seen.add(ext)
-        return ext in wanted
-
     try:
-        for name, _, payload in tario.iter_members(f, limit=length, want=want):
-            out[tario.split_name(name)[1]] = payload
+        for found, _, members in tario.iter_samples(f, limit=length, want=wanted.__contains__):
+            if found != key:
+                raise SampleError(shard, key, f"found sample {found!r} where the manifest puts sample {key!r}")
+            out = members
     except tario.TarFormatError as exc:
         raise SampleError(shard, key, f"bad tar data ({exc})") from None
     return out

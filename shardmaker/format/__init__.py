@@ -27,7 +27,7 @@ from shardmaker.format.manifest import (
     parse,
     shard_path,
 )
-from shardmaker.format.tario import TarFormatError, iter_members, split_name
+from shardmaker.format.tario import TarFormatError, iter_members, iter_samples, split_name
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
@@ -43,6 +43,7 @@ __all__ = [
     "check_shard_name",
     "image_header",
     "iter_members",
+    "iter_samples",
     "load",
     "pair_fits",
     "parse",
