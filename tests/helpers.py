@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 from shardmaker.cli import main as shardmaker_main
+from shardmaker.format import tario
+from shardmaker.format.manifest import Manifest, ShardInfo
 from tests.s3server import free_port
 
 HERE = Path(__file__).resolve().parent
@@ -35,3 +37,61 @@ def torchrun(nproc: int, url: str, out: Path, workers: int = 2, env: dict | None
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=full_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+def rewrite(ds: Path, shard_index: int, edit) -> None:
+    """Rewrite one shard's members through ``edit(name, data) -> (name, data) | None`` and fix the manifest."""
+    doc = json.loads((ds / "manifest.json").read_text())
+    m = Manifest.from_json(doc)
+    info = m.shards[shard_index]
+    path = ds / info.name
+    members = list(tario.iter_members(open(path, "rb")))
+    out, offsets, keys = b"", [], []
+    for name, _, data in members:
+        got = edit(name, data)
+        if got is None:
+            continue
+        key = tario.split_name(got[0])[0]
+        if not keys or keys[-1] != key:
+            keys.append(key)
+            offsets.append(len(out))
+        out += tario.member_bytes(*got)
+    out += tario.END_OF_ARCHIVE
+    path.write_bytes(out)
+    new = ShardInfo(info.name, info.samples, len(out), hashlib.sha256(out).hexdigest(), keys, offsets, info.hr_sizes)
+    doc["shards"][shard_index] = new.to_json()
+    doc["bytes"] = sum(s["bytes"] for s in doc["shards"])
+    (ds / "manifest.json").write_text(json.dumps(doc))
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, grandchildren, ...), from /proc; whatever session they started."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and all its descendants at once, as a node that dies would (torchrun starts
+    each rank in a session of its own, so killing its process group misses them): stop them all
+    first, so none reacts to the others dying, then kill them."""
+    import signal
+
+    procs = [pid, *descendants(pid)]
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for p in procs:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass

@@ -12,6 +12,7 @@ import torch
 
 import wdsr
 from shardmaker.resize import ResizeMethod, downscale
+from tests.helpers import rewrite
 from wdsr.env import World
 
 
@@ -47,7 +48,7 @@ def test_shapes_dtypes_and_len_is_exact(photo_shards):
         ds = wdsr.SRDataset(str(photo_shards), scale=4, patch_size=48, patches_per_image=5, batch_size=4)
         loader = wdsr.make_loader(ds, num_workers=workers, persistent_workers=False)
         batches = list(loader)
-        assert len(batches) == len(loader) == max(1, workers) * ds.batches_per_worker()
+        assert len(batches) == len(loader) == max(1, workers) * ds.batches_per_worker(workers)
         lr, hr = batches[0]
         assert lr.dtype == hr.dtype == torch.uint8
         assert lr.shape == (4, 3, 12, 12) and hr.shape == (4, 3, 48, 48)
@@ -84,7 +85,7 @@ def test_determinism_epochs_and_persistent_workers(photo_shards):
     assert e0 == [x[:40] for x in a] and e3 == c
     ref = make()
     ref.set_epoch(4)
-    assert e4 == [digest(lr) for lr, _ in run(ref)] and ds.epoch == 4
+    assert e4 == [digest(lr) for lr, _ in run(ref)] and loader.epoch == 4  # the loader owns the epoch counter
 
 
 def test_patches_do_not_depend_on_world_size_or_workers(photo_shards):
@@ -156,34 +157,6 @@ def test_val_every_image_once_in_order_whole_and_tiled(photo_shards):
 
 
 # ---- bad input ---------------------------------------------------------------------------------
-
-def rewrite(ds: Path, shard_index: int, edit) -> None:
-    """Rewrite one shard's members through ``edit(name, data) -> (name, data) | None`` and fix the manifest."""
-    from shardmaker.format import tario
-    from shardmaker.format.manifest import Manifest, ShardInfo
-
-    doc = json.loads((ds / "manifest.json").read_text())
-    m = Manifest.from_json(doc)
-    info = m.shards[shard_index]
-    path = ds / info.name
-    members = list(tario.iter_members(open(path, "rb")))
-    out, offsets, keys = b"", [], []
-    for name, _, data in members:
-        got = edit(name, data)
-        if got is None:
-            continue
-        key = tario.split_name(got[0])[0]
-        if not keys or keys[-1] != key:
-            keys.append(key)
-            offsets.append(len(out))
-        out += tario.member_bytes(*got)
-    out += tario.END_OF_ARCHIVE
-    path.write_bytes(out)
-    new = ShardInfo(info.name, info.samples, len(out), hashlib.sha256(out).hexdigest(), keys, offsets, info.hr_sizes)
-    doc["shards"][shard_index] = new.to_json()
-    doc["bytes"] = sum(s["bytes"] for s in doc["shards"])
-    (ds / "manifest.json").write_text(json.dumps(doc))
-
 
 @pytest.fixture()
 def shards_copy(photo_shards, tmp_path) -> Path:

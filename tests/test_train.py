@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import descendants, kill_tree
 from tests.s3server import free_port
 from wdsr.checkpoint import RunDir
 from wdsr.cli import main
@@ -185,3 +186,56 @@ def test_a_second_sigterm_exits_at_once():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
     assert time.monotonic() - t0 < 20
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"  # a zombie has stopped running
+
+
+@pytest.mark.slow
+def test_kill_9_mid_epoch_then_resume_ends_with_the_uninterrupted_weights(photo_shards, tmp_path):
+    """2 ranks under torchrun, killed with SIGKILL (torchrun, ranks and workers) after a mid-epoch
+    checkpoint; --resume continues at the exact batch, so the weights end as if nothing happened."""
+
+    def cmd(out: Path, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+                "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "wdsr", "train",
+                "--data", str(photo_shards), "--out", str(out), "--model", "espcn", "--patch-size", "48", "-k", "64",
+                "--batch-size", "4", "--workers", "1", "--shuffle-buffer", "16", "--steps", "600", "--log-every", "50",
+                "--val-every", "0", "--ckpt-every", "7", "--keep-ckpts", "200", *extra]
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    ref = subprocess.run(cmd(tmp_path / "ref"), capture_output=True, text=True, timeout=300, env=env)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    want = records(tmp_path / "ref")[-1]
+    assert want["event"] == "finished" and want["weights_in_sync"]
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen(cmd(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        latest = out / "latest.json"
+        _wait_for(lambda: latest.exists() and json.loads(latest.read_text())["step"] >= 14, 120, proc)
+    finally:
+        ranks = descendants(proc.pid)
+        kill_tree(proc.pid)  # torchrun, both ranks and their DataLoader workers, at once
+        proc.wait(timeout=60)
+    assert len(ranks) >= 4  # 2 ranks + 2 workers, all gone
+    deadline = time.monotonic() + 30
+    while any(_running(p) for p in ranks):
+        assert time.monotonic() < deadline, "killed ranks still running"
+        time.sleep(0.1)
+    state = RunDir(str(out)).load_latest()
+    assert state is not None and 14 <= state["step"] < 600
+    # 80 batches per rank per epoch: a checkpoint every 7 steps is never at an epoch boundary here
+    assert state["loader"]["batches"] == state["step"] % 80 > 0 and state["loader"]["epoch"] == state["step"] // 80
+
+    again = subprocess.run(cmd(out, "--resume"), capture_output=True, text=True, timeout=300, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "exact data position" in again.stderr
+    got = records(out)[-1]
+    assert got["event"] == "finished" and got["step"] == 600
+    assert got["weights_sha256"] == want["weights_sha256"]

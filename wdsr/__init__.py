@@ -3,13 +3,31 @@
 ds = wdsr.SRDataset(url, scale=4, patch_size=192, patches_per_image=16, batch_size=16)
 loader = wdsr.make_loader(ds, num_workers=8)    # len(loader) = batches per rank per epoch
 for lr, hr in loader: sr = model(wdsr.to_float(lr.cuda()))
+state = loader.state_dict(); loader.load_state_dict(state)   # exact mid-epoch resume
 """
 
+from shardmaker.errors import OnError
+from wdsr.config import DatasetConfig, Split
 from wdsr.dataset import SRDataset, ValSample
 from wdsr.errors import SampleError
-from wdsr.loader import SRLoader, make_loader, to_float
+from wdsr.loader import LoaderStateError, SRLoader, WorldChanged, make_loader, to_float
 from wdsr.remote import ReadFailed, Retry
 from wdsr.tiles import stitch
 
-__all__ = ["ReadFailed", "Retry", "SRDataset", "SRLoader", "SampleError", "ValSample", "make_loader", "stitch", "to_float"]
+__all__ = [
+    "DatasetConfig",
+    "LoaderStateError",
+    "OnError",
+    "ReadFailed",
+    "Retry",
+    "SRDataset",
+    "SRLoader",
+    "SampleError",
+    "Split",
+    "ValSample",
+    "WorldChanged",
+    "make_loader",
+    "stitch",
+    "to_float",
+]
 __version__ = "0.1.0"

@@ -9,8 +9,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
+from wdsr import env
 from wdsr.dataset import Split, SRDataset
 from wdsr.errors import SampleError
 from wdsr.handoff import BatchPool, is_slot
@@ -43,44 +44,179 @@ def _worker_init(_worker_id: int) -> None:
     tune_malloc()
 
 
-class SRLoader(DataLoader):
-    """A DataLoader whose ``len()`` is the exact number of batches per rank per epoch.
+STATE_FORMAT = "wdsr-loader/1"
+_MATCH = (
+    "scale",
+    "patch_size",
+    "patches_per_image",
+    "batch_size",
+    "shuffle_buffer",
+    "augment",
+    "seed",
+    "min_patch_std",
+    "max_tries",
+)
 
-    A new pass without ``dataset.set_epoch(e)`` in between moves to the next epoch, the same
-    way on every rank.
+
+class LoaderStateError(ValueError):
+    """A saved loader state that does not fit this loader (another dataset, settings or format)."""
+
+
+class WorldChanged(LoaderStateError):
+    """A saved state from another world size or worker count (an elastic resume)."""
+
+
+class _Pass(IterableDataset):
+    """What the DataLoader (and its workers) iterate: the dataset, plus this loader's slot pool and
+    a shared ``[epoch, batches already handed out]`` that each pass reads when it starts."""
+
+    def __init__(self, ds: SRDataset, control: torch.Tensor, pool: BatchPool | None) -> None:
+        self.ds, self.control, self.pool = ds, control, pool
+
+    def __iter__(self) -> Iterator[Any]:
+        worker, nw = env.current_worker()
+        epoch, start = int(self.control[0]), int(self.control[1])
+        if self.ds.config.split is Split.VAL:
+            return self.ds.stream(worker, nw, epoch)
+        # The DataLoader takes batches from its workers in turn, starting with worker 0 on every
+        # pass: batch b of an epoch comes from worker b % nw. A pass that starts after ``start``
+        # batches lets worker w play worker (w + start) % nw, which has handed out
+        # ceil((start - that) / nw) batches already.
+        as_worker = (worker + start) % nw
+        done = (start - as_worker + nw - 1) // nw
+        return self.ds.stream(worker, nw, epoch, done, self.pool, as_worker)
+
+    def __getattr__(self, name: str) -> Any:  # loader.dataset.stats and the like still work
+        if name in ("ds", "control", "pool") or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.ds, name)
+
+
+class SRLoader(DataLoader):
+    """A DataLoader whose ``len()`` is the exact number of batches per rank per epoch, and which
+    owns the epoch counter and the position in the epoch.
+
+    A new pass moves to the next epoch unless ``loader.set_epoch(e)`` or ``dataset.set_epoch(e)``
+    asked for one, the same way on every rank. ``state_dict()`` says how far the trainer got
+    (batches handed out, not those prefetched); ``load_state_dict()`` on a fresh loader makes its
+    next pass continue there, with exactly the batches the interrupted run would have given.
+    The dataset is ``loader.sr_dataset`` (``loader.dataset`` wraps it for the workers).
     """
 
-    dataset: SRDataset
-
-    def __init__(self, dataset: SRDataset, pin_batches: bool = False, **kwargs: Any) -> None:
-        super().__init__(dataset, batch_size=None, **kwargs)
+    def __init__(self, dataset: SRDataset, pool: BatchPool | None = None, pin_batches: bool = False, **kwargs: Any) -> None:
+        control = torch.zeros(2, dtype=torch.int64).share_memory_()  # read by (persistent) workers at each pass
+        super().__init__(_Pass(dataset, control, pool), batch_size=None, **kwargs)
+        self.sr_dataset = dataset
+        self._control, self._pool, self._pin = control, pool, pin_batches
+        self.epoch = 0  # of the current (or last) pass
+        self._position = 0  # batches of that epoch handed to the trainer
         self._passes = 0
-        self._pin = pin_batches
-        self._pool = dataset.handoff  # this loader's slots, even if the dataset gets another loader later
+        self._asked: int | None = None  # loader.set_epoch()
+        self._seen_request = 0  # the dataset's set_epoch() calls already taken up
+        self._resume: tuple[int, int] | None = None
 
     def __len__(self) -> int:
-        return self.dataset.length(self.num_workers)
+        return self.sr_dataset.length(self.num_workers)
+
+    @property
+    def position(self) -> int:
+        """Batches of the current epoch handed to the trainer (a resumed pass starts above 0)."""
+        return self._position
+
+    def set_epoch(self, epoch: int) -> None:
+        """Run ``epoch`` at the next pass (shard order, patch positions)."""
+        self._asked = int(epoch)
+
+    def _next_epoch(self) -> int:
+        serial, requested = self.sr_dataset._epoch_request
+        if self._asked is not None:
+            return self._asked
+        if serial != self._seen_request:
+            return requested
+        return self.epoch + 1 if self._passes else 0
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a generator over the inner iterator
-        ds = self.dataset
-        if self._passes and not ds.epoch_set:
-            ds._epoch += 1
-        ds.epoch_set = False
+        epoch = self._next_epoch()
+        self._asked, self._seen_request = None, self.sr_dataset._epoch_request[0]
+        start = 0
+        if self._resume is not None:
+            start = self._resume[1] if self._resume[0] == epoch else 0
+            self._resume = None
+        self.epoch, self._position = epoch, start
         self._passes += 1
-        ds.handoff = self._pool  # workers started now write into this loader's slots
-        return _batches(super().__iter__(), self._pool, self._pin, self.persistent_workers)
+        self._control[0], self._control[1] = epoch, start
+        return self._batches(super().__iter__())
 
+    def _batches(self, inner: Any) -> Iterator[Any]:
+        """Batches from the DataLoader, copied out of their pool slots and counted; workers that
+        are not persistent are shut down as soon as the pass ends or fails, not whenever garbage
+        collection gets to the iterator (which stalled exits by seconds)."""
+        pool, pin = self._pool, self._pin
+        try:
+            for item in inner:
+                self._position += 1
+                yield pool.take(item, pin) if pool is not None and is_slot(item) else item
+        finally:
+            if not self.persistent_workers and hasattr(inner, "_shutdown_workers"):
+                inner._shutdown_workers()
 
-def _batches(inner: Any, pool: BatchPool | None, pin: bool, persistent: bool) -> Iterator[Any]:
-    """Batches from the DataLoader, copied out of their pool slots; workers that are not
-    persistent are shut down as soon as the pass ends or fails, not whenever garbage collection
-    gets to the iterator (which stalled exits by seconds)."""
-    try:
-        for item in inner:
-            yield pool.take(item, pin) if pool is not None and is_slot(item) else item
-    finally:
-        if not persistent and hasattr(inner, "_shutdown_workers"):
-            inner._shutdown_workers()
+    # ---- saving and restoring the position --------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """A small JSON-able dict: how far the trainer got in which epoch, and what must match to resume."""
+        ds = self.sr_dataset
+        c = ds.config
+        if c.split is Split.VAL:
+            raise ValueError("a val loader has no position to save: every pass reads every image")
+        if self._resume is not None:
+            epoch, done = self._resume
+        elif not self._passes:
+            epoch, done = self._next_epoch(), 0
+        else:
+            epoch, done = self.epoch, self._position
+            if done >= len(self):
+                epoch, done = epoch + 1, 0
+        return {
+            "format": STATE_FORMAT,
+            "dataset": ds.identity,
+            "samples": ds.manifest.samples,
+            **{name: getattr(c, name) for name in _MATCH},
+            "world_size": ds.world.size,
+            "num_workers": self.num_workers,
+            "epoch": int(epoch),
+            "batches": int(done),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where ``state`` (from :meth:`state_dict`) stopped, at the next pass."""
+        if not isinstance(state, dict):
+            raise LoaderStateError(f"a loader state is a dict, got {type(state).__name__}")
+        need = ("format", "dataset", *_MATCH, "world_size", "num_workers", "epoch", "batches")
+        missing = [k for k in need if k not in state]
+        if missing:
+            raise LoaderStateError(f"the loader state lacks {', '.join(missing)} (truncated, or not a wdsr loader state)")
+        if state["format"] != STATE_FORMAT:
+            raise LoaderStateError(f"loader state format {state['format']!r}; this wdsr reads {STATE_FORMAT!r}")
+        ds = self.sr_dataset
+        if state["dataset"] != ds.identity:
+            raise LoaderStateError(
+                f"the loader state is from another dataset (manifest sha256 {str(state['dataset'])[:12]}..., "
+                f"{ds.url} has {ds.identity[:12]}...)"
+            )
+        for name in _MATCH:
+            if state[name] != getattr(ds.config, name):
+                raise LoaderStateError(f"the loader state has {name}={state[name]!r}, this loader {getattr(ds.config, name)!r}")
+        epoch, done = state["epoch"], state["batches"]
+        if type(epoch) is not int or type(done) is not int or epoch < 0 or done < 0:
+            raise LoaderStateError(f"the loader state's epoch/batches must be integers >= 0, got {epoch!r}/{done!r}")
+        if (state["world_size"], state["num_workers"]) != (ds.world.size, self.num_workers):
+            raise WorldChanged(
+                f"the loader state is from {state['world_size']} rank(s) x {state['num_workers']} worker(s), this loader "
+                f"runs {ds.world.size} x {self.num_workers}: an exact resume needs the same world and workers"
+            )
+        if done > len(self):
+            raise LoaderStateError(f"the loader state is {done} batches into an epoch of {len(self)}")
+        self._resume = (epoch, done) if done < len(self) else (epoch + 1, 0)
+        self._asked = self._resume[0]
 
 
 def make_loader(
@@ -99,19 +235,18 @@ def make_loader(
     """
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-    dataset.num_workers = num_workers
     dataset.check_batches(num_workers)
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
     extra: dict[str, Any] = {}
-    dataset.handoff = None
+    pool = None
     if num_workers > 0:
         extra = {"prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers, "worker_init_fn": _worker_init}
-        if dataset.opts.split is Split.TRAIN and shared_slots:
+        if dataset.config.split is Split.TRAIN and shared_slots:
             # slots: the batches a worker may have in flight, plus the one being copied out
-            dataset.handoff = BatchPool(num_workers, prefetch_factor + 2, _batch_bytes(dataset))
-    if dataset.handoff is not None:  # the copy out of the slot goes straight into pinned memory
-        return SRLoader(dataset, pin_batches=pin_memory, num_workers=num_workers, pin_memory=False, **extra, **kwargs)
+            pool = BatchPool(num_workers, prefetch_factor + 2, _batch_bytes(dataset))
+    if pool is not None:  # the copy out of the slot goes straight into pinned memory
+        return SRLoader(dataset, pool, pin_batches=pin_memory, num_workers=num_workers, pin_memory=False, **extra, **kwargs)
     return SRLoader(dataset, num_workers=num_workers, pin_memory=pin_memory, **extra, **kwargs)
 
 
@@ -139,7 +274,7 @@ def sample_meta(ds: SRDataset) -> dict[str, Any]:
 def _batch_bytes(ds: SRDataset) -> int:
     """Bytes of one batch, from the first sample's channels and bit depth."""
     meta = sample_meta(ds)
-    o = ds.opts
+    o = ds.config
     per_pixel = int(meta.get("channels", 3)) * (2 if int(meta.get("bit_depth", 8)) == 16 else 1)
     p = o.patch_size // o.scale
     return o.batch_size * per_pixel * (p * p + o.patch_size * o.patch_size)

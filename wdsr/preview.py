@@ -11,7 +11,7 @@ from wdsr.dataset import SRDataset
 
 def contact_sheet(ds: SRDataset, count: int = 8, gap: int = 4) -> np.ndarray:
     """HxWx3 uint8 image: one row per patch, ``[LR x s | HR]``."""
-    s = ds.opts.scale
+    s = ds.config.scale
     rows = []
     for lr, hr in iter(ds):
         for a, b in zip(lr, hr, strict=True):

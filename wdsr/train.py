@@ -29,7 +29,7 @@ from torch import nn
 from wdsr import env
 from wdsr.checkpoint import FORMAT, RunDir, RunError
 from wdsr.dataset import SRDataset
-from wdsr.loader import make_loader, sample_meta, to_float
+from wdsr.loader import LoaderStateError, SRLoader, make_loader, sample_meta, to_float
 from wdsr.models import build_model
 from wdsr.trainconfig import Amp, Device, Schedule, TrainConfig
 from wdsr.validate import validate
@@ -236,19 +236,7 @@ def _loop(
         scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["rng"]["torch"])
         step, epoch = int(state["step"]), int(state["epoch"])
-        if int(state["epoch_batches"]) > 0:
-            if ctx.rank == 0:
-                log.info(
-                    "resuming at step %d: mid-epoch data position is not restored yet, so epoch %d starts "
-                    "afresh (the %d remaining batches of epoch %d are not seen)",
-                    step,
-                    epoch + 1,
-                    per_epoch - int(state["epoch_batches"]),
-                    epoch,
-                )
-            epoch += 1
-        elif ctx.rank == 0:
-            log.info("resuming at step %d, epoch %d", step, epoch)
+        epoch = _resume_data(loader, state, step, epoch, per_epoch, ctx.rank)
     run_model: nn.Module = model
     if ctx.world > 1:
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
@@ -279,6 +267,7 @@ def _loop(
                 "step": step,
                 "epoch": ep,
                 "epoch_batches": done,
+                "loader": loader.state_dict(),  # the exact data position (wdsr-loader/1)
                 "world_size": ctx.world,
                 "model": model.state_dict(),
                 "optimizer": opt.state_dict(),
@@ -298,8 +287,8 @@ def _loop(
     batches = 0
     while step < total and not stopped:
         train_ds.set_epoch(epoch)
-        batches = 0
         it = iter(loader)
+        batches = loader.position  # 0, or where a resumed epoch continues
         while step < total:
             t0 = time.perf_counter()
             item = next(it, None)
@@ -365,6 +354,35 @@ def _loop(
             "%s at step %d (weights identical on all %d ranks: %s)", record["event"], step, ctx.world, record["weights_in_sync"]
         )
     return 0
+
+
+def _resume_data(loader: SRLoader, state: dict[str, Any], step: int, epoch: int, per_epoch: int, rank: int) -> int:
+    """Put the loader where the checkpoint's data position was; the epoch to run next."""
+    saved = state.get("loader")
+    if saved is not None:
+        try:
+            loader.load_state_dict(saved)
+        except LoaderStateError as exc:
+            if rank == 0:
+                log.warning("resuming at step %d: %s; the data continues at the next epoch boundary", step, exc)
+        else:
+            at = loader.state_dict()
+            if rank == 0:
+                log.info(
+                    "resuming at step %d: epoch %d, batch %d of %d (exact data position)",
+                    step,
+                    at["epoch"],
+                    at["batches"],
+                    per_epoch,
+                )
+            return int(at["epoch"])
+    if int(state["epoch_batches"]) > 0:
+        if rank == 0 and saved is None:
+            log.info("resuming at step %d: the checkpoint has no data position; epoch %d starts afresh", step, epoch + 1)
+        return epoch + 1
+    if rank == 0:
+        log.info("resuming at step %d, epoch %d", step, epoch)
+    return epoch
 
 
 def _progress(ctx: Ctx, total: int, step: int) -> Any:

@@ -40,7 +40,7 @@ def super_resolve(model: nn.Module, lr: torch.Tensor, device: torch.device) -> t
 
 def validate(model: nn.Module, val: SRDataset, cfg: Any, ctx: Any) -> list[float]:
     """``[sum of PSNR-Y, sum of SSIM-Y, images]`` over this rank's part of the val split."""
-    scale = val.opts.scale
+    scale = val.config.scale
     was_training = model.training
     model.eval()
     psnr = ssim = 0.0

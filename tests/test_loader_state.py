@@ -1,0 +1,187 @@
+"""Exact mid-epoch resume: save after N batches, load into a fresh loader, and the rest of the
+epoch is byte for byte what one uninterrupted run gives (real DataLoader worker processes)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import wdsr
+from tests.helpers import rewrite
+from wdsr.env import World
+from wdsr.shuffle import fast_forward, shuffled
+
+
+def _digest(item: tuple) -> str:
+    lr, hr, keys = item
+    h = hashlib.sha256(lr.numpy().tobytes())
+    h.update(hr.numpy().tobytes())
+    h.update(json.dumps(keys).encode())
+    return h.hexdigest()[:16]
+
+
+def _make(url: str, world: World, **kw) -> wdsr.SRDataset:
+    return wdsr.SRDataset(url, world=world, return_keys=True, **kw)
+
+
+def _run(ds: wdsr.SRDataset, workers: int, state: dict | None = None, stop: int | None = None) -> tuple[list[str], dict]:
+    """The batches of one pass (or its first ``stop``), and the loader state after them."""
+    loader = wdsr.make_loader(ds, num_workers=workers, persistent_workers=False, prefetch_factor=2)
+    if state is not None:
+        loader.load_state_dict(state)
+    out: list[str] = []
+    it = iter(loader)
+    try:
+        for item in it:
+            out.append(_digest(item))
+            if stop is not None and len(out) == stop:
+                break
+    finally:
+        it.close()
+    return out, loader.state_dict()
+
+
+COMBOS = [  # world, workers, k, shuffle_buffer, batch_size, augment
+    (World(0, 1), 0, 3, 16, 4, True),
+    (World(0, 1), 1, 1, 0, 1, False),
+    (World(0, 1), 2, 5, 64, 4, True),
+    (World(1, 3), 2, 8, 7, 3, True),
+    (World(2, 3), 1, 4, 1024, 2, False),
+    (World(0, 2), 2, 16, 24, 5, True),
+]
+
+
+@pytest.mark.parametrize("world, workers, k, buffer, batch, augment", COMBOS)
+def test_resume_gives_the_uninterrupted_batches(photo_shards, world, workers, k, buffer, batch, augment):
+    kw = dict(scale=4, patch_size=48, patches_per_image=k, batch_size=batch, shuffle_buffer=buffer, augment=augment, seed=11)
+    whole, end = _run(_make(str(photo_shards), world, **kw), workers)
+    n = len(whole)
+    assert n == len(wdsr.make_loader(_make(str(photo_shards), world, **kw), num_workers=workers)) and n >= 3
+    assert end["epoch"] == 1 and end["batches"] == 0  # a finished epoch resumes at the next one
+    stops = sorted({1, 2, n // 2, n - 1, n})
+    for stop in stops:
+        first, state = _run(_make(str(photo_shards), world, **kw), workers, stop=stop)
+        assert first == whole[:stop]
+        assert json.loads(json.dumps(state)) == state  # JSON-able as it is
+        if stop < n:
+            assert (state["epoch"], state["batches"]) == (0, stop)
+        rest, _ = _run(_make(str(photo_shards), world, **kw), workers, state=state)
+        assert first + rest == whole if stop < n else rest == _run(_make(str(photo_shards), world, **kw), workers,
+                                                                    state={**state, "epoch": 1, "batches": 0})[0]
+
+
+def test_resume_inside_a_later_epoch_and_persistent_workers(photo_shards):
+    kw = dict(scale=2, patch_size=32, patches_per_image=6, batch_size=4, shuffle_buffer=40, seed=3)
+    ds = _make(str(photo_shards), World(), **kw)
+    loader = wdsr.make_loader(ds, num_workers=2, persistent_workers=True)
+    [_digest(b) for b in loader]
+    epoch1 = [_digest(b) for b in loader]  # the next pass is epoch 1
+    assert loader.epoch == 1
+    it = iter(loader)
+    part = [_digest(next(it)) for _ in range(5)]
+    state = loader.state_dict()
+    it.close()
+    assert (state["epoch"], state["batches"]) == (2, 5)
+    fresh = wdsr.make_loader(_make(str(photo_shards), World(), **kw), num_workers=2)
+    fresh.load_state_dict(state)
+    rest = [_digest(b) for b in fresh]
+    ref = wdsr.make_loader(_make(str(photo_shards), World(), **kw), num_workers=2)
+    ref.set_epoch(2)
+    assert part + rest == [_digest(b) for b in ref]
+    assert epoch1 != part + rest
+    assert fresh.epoch == 2 and [_digest(b) for b in fresh][:3] != rest[:3]  # and then epoch 3 follows
+
+
+def test_resume_decodes_only_the_samples_that_still_owe_patches(photo_shards):
+    kw = dict(scale=4, patch_size=48, patches_per_image=4, batch_size=4, shuffle_buffer=8, seed=5)
+    ds = _make(str(photo_shards), World(), **kw)
+    whole, _ = _run(ds, 0)
+    full = ds.stats.totals()["samples"]
+    stop = len(whole) - 2
+    first, state = _run(_make(str(photo_shards), World(), **kw), 0, stop=stop)
+    again = _make(str(photo_shards), World(), **kw)
+    rest, _ = _run(again, 0, state=state)
+    assert first + rest == whole
+    read = again.stats.totals()["samples"]
+    # the last 2 batches (8 patches) come from at most a few images; the whole epoch read all 10
+    assert full == 10 and 1 <= read <= 4, (full, read)
+
+
+def test_resume_with_skipped_bad_samples(photo_shards, tmp_path):
+    ds_dir = Path(shutil.copytree(photo_shards, tmp_path / "copy"))
+    doc = json.loads((ds_dir / "manifest.json").read_text())
+    for shard_index in (0, 2):  # one bad sample in the middle of a shard, one at the start of another
+        key = doc["shards"][shard_index]["keys"][1 if shard_index == 0 else 0]
+        rewrite(ds_dir, shard_index, lambda n, d, key=key: (n, bytes(len(d))) if n == f"{key}.lr_x4.png" else (n, d))
+    kw = dict(scale=4, patch_size=48, patches_per_image=5, batch_size=3, shuffle_buffer=20, seed=8, on_error="skip")
+    for world, workers in ((World(), 0), (World(1, 2), 2)):
+        whole, _ = _run(_make(str(ds_dir), world, **kw), workers)
+        for stop in (1, len(whole) // 3, len(whole) - 1):
+            first, state = _run(_make(str(ds_dir), world, **kw), workers, stop=stop)
+            rest, _ = _run(_make(str(ds_dir), world, **kw), workers, state=state)
+            assert first + rest == whole, (world, workers, stop)
+
+
+def test_states_that_do_not_fit_are_refused(photo_shards, tmp_path):
+    kw = dict(scale=4, patch_size=48, patches_per_image=4, batch_size=4, shuffle_buffer=8)
+    _, state = _run(_make(str(photo_shards), World(), **kw), 0, stop=2)
+
+    def load(st: object, **over) -> None:
+        loader = wdsr.make_loader(_make(str(photo_shards), over.pop("world", World()), **{**kw, **over}), num_workers=0)
+        loader.load_state_dict(st)  # type: ignore[arg-type]
+
+    load(state)  # fits
+    with pytest.raises(wdsr.LoaderStateError, match="patch_size=48, this loader 96"):
+        load(state, patch_size=96)
+    with pytest.raises(wdsr.LoaderStateError, match="lacks batches"):
+        load({k: v for k, v in state.items() if k != "batches"})
+    with pytest.raises(wdsr.LoaderStateError, match="format 'wdsr-loader/0'"):
+        load({**state, "format": "wdsr-loader/0"})
+    with pytest.raises(wdsr.LoaderStateError, match="a dict"):
+        load([state])
+    with pytest.raises(wdsr.LoaderStateError, match="integers >= 0"):
+        load({**state, "batches": -1})
+    with pytest.raises(wdsr.WorldChanged, match="1 rank"):
+        load(state, world=World(0, 2))
+    other = Path(shutil.copytree(photo_shards, tmp_path / "other"))
+    doc = json.loads((other / "manifest.json").read_text())
+    doc["build"]["note"] = "another build"
+    (other / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(wdsr.LoaderStateError, match="another dataset"):
+        loader = wdsr.make_loader(_make(str(other), World(), **kw), num_workers=0)
+        loader.load_state_dict(state)
+    with pytest.raises(ValueError, match="val loader"):
+        wdsr.make_loader(wdsr.SRDataset(str(photo_shards), scale=4, split="val"), num_workers=0).state_dict()
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 7, 64])
+@pytest.mark.parametrize("total", [0, 1, 6, 63, 64, 65, 300, 9000])
+def test_shuffle_fast_forward_matches_the_run_at_every_point(size, total):
+    ref = list(shuffled(range(total), size, np.random.default_rng(7)))
+    points = sorted({0, 1, total // 3, max(0, total - size), max(0, total - size) + 1, total - 1, total} & set(range(total + 1)))
+    for emitted in points:
+        rng = np.random.default_rng(7)
+        at = fast_forward(size, rng, total, emitted)
+        rest = list(shuffled(range(at.next_input, total) if at.tail is None else [], size, rng, at, resolve=lambda p: p))
+        assert ref[:emitted] + rest == ref, (size, total, emitted)
+        assert set(at.buffer if at.tail is None else at.tail) == set(ref[emitted:]) - set(range(at.next_input, total))
+
+
+def test_dataset_options_are_keyword_only_and_checked(photo_shards):
+    with pytest.raises(TypeError, match="keyword-only"):
+        wdsr.SRDataset(str(photo_shards), 4)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="unknown SRDataset option 'patchsize'"):
+        wdsr.SRDataset(str(photo_shards), patchsize=48)
+    cfg = wdsr.DatasetConfig(scale=4, patch_size=48, on_error="skip")
+    assert cfg.on_error is wdsr.OnError.SKIP
+    ds = wdsr.SRDataset(str(photo_shards), config=cfg, batch_size=2)
+    assert ds.config.batch_size == 2 and ds.config.patch_size == 48
+    with pytest.raises(ValueError, match="on_error must be one of fail, skip"):
+        wdsr.DatasetConfig(on_error="ignore")
+    assert torch.utils.data.IterableDataset in type(ds).__mro__
