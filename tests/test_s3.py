@@ -347,3 +347,23 @@ def test_other_fsspec_filesystems_use_chunked_range_reads(photo_src, photo_shard
     build_shards(photo_src, url, "--scale", "2,4", "--max-samples", "3")
     for kw in ({}, {"read_ahead": 0}):
         assert batches(dataset(url, **kw), workers=0) == batches(dataset(str(photo_shards)), workers=0)
+
+
+def test_resume_mid_epoch_from_s3_through_faults_gives_the_local_batches(s3_photo_shards, photo_shards, proxy):
+    """The loader state saved on an S3 dataset resumes exactly, through cut connections, and equals
+    the local dataset's batches (the state names the dataset by its manifest, not by its URL)."""
+    whole = batches(dataset(str(photo_shards)))
+    loader = wdsr.make_loader(dataset(s3_photo_shards), num_workers=2)
+    it = iter(loader)
+    first = [next(it) for _ in range(4)]
+    state = loader.state_dict()
+    it.close()
+    assert [(hashlib.sha256(lr.numpy().tobytes()).hexdigest(), tuple(k)) for lr, _, k in first] == [
+        (a, k) for a, _, k in whole[:4]]
+    proxy.cut_after(3000, times=3)
+    fresh = wdsr.make_loader(dataset(s3_photo_shards, retry=FAST, storage_options={"endpoint_url": proxy.endpoint}),
+                             num_workers=2)
+    fresh.load_state_dict(state)
+    rest = batches(fresh.sr_dataset, loader=fresh)
+    assert rest == whole[4:]
+    assert proxy.pending() == 0 and fresh.sr_dataset.stats.totals()["retries"] >= 1  # the cuts did happen
