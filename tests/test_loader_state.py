@@ -147,8 +147,11 @@ def test_states_that_do_not_fit_are_refused(photo_shards, tmp_path):
         load([state])
     with pytest.raises(wdsr.LoaderStateError, match="integers >= 0"):
         load({**state, "batches": -1})
-    with pytest.raises(wdsr.WorldChanged, match="1 rank"):
-        load(state, world=World(0, 2))
+    elastic = wdsr.make_loader(_make(str(photo_shards), World(1, 2), **kw), num_workers=0)
+    elastic.load_state_dict(state)  # another world: the rest of the epoch is re-planned, not refused
+    assert elastic.elastic_report is not None and elastic.state_dict()["elastic"]["world_size"] == 1
+    with pytest.raises(wdsr.LoaderStateError, match="elastic origin is malformed"):
+        load({**state, "elastic": {"world_size": "2"}})
     other = Path(shutil.copytree(photo_shards, tmp_path / "other"))
     doc = json.loads((other / "manifest.json").read_text())
     doc["build"]["note"] = "another build"
@@ -185,3 +188,80 @@ def test_dataset_options_are_keyword_only_and_checked(photo_shards):
     with pytest.raises(ValueError, match="on_error must be one of fail, skip"):
         wdsr.DatasetConfig(on_error="ignore")
     assert torch.utils.data.IterableDataset in type(ds).__mro__
+
+
+def _patches(ds: wdsr.SRDataset, workers: int, state: dict | None = None, stop: int | None = None) -> tuple[list[str], dict, object]:
+    """Per-patch digests (key + bytes) of one pass (or its first ``stop`` batches), the state after, the loader."""
+    loader = wdsr.make_loader(ds, num_workers=workers, persistent_workers=False, prefetch_factor=2)
+    if state is not None:
+        loader.load_state_dict(state)
+    out: list[str] = []
+    it = iter(loader)
+    n = 0
+    try:
+        for lr, hr, keys in it:
+            n += 1
+            for a, b, key in zip(lr, hr, keys):
+                out.append(key + ":" + hashlib.sha256(a.numpy().tobytes() + b.numpy().tobytes()).hexdigest()[:16])
+            if stop is not None and n == stop:
+                break
+    finally:
+        it.close()
+    return out, loader.state_dict(), loader
+
+
+@pytest.mark.parametrize("old, new", [((2, 1), (3, 2)), ((4, 0), (1, 2)), ((2, 2), (3, 1))])
+def test_elastic_resume_replans_the_rest_of_the_epoch_over_another_world(photo_shards, old, new):
+    from collections import Counter
+
+    url = str(photo_shards)
+    kw = dict(scale=4, patch_size=48, patches_per_image=5, batch_size=3, shuffle_buffer=12, seed=21)
+    (w0, n0), (w1, n1) = old, new
+    # every patch of the epoch, as the old world plans it (batch 1, no shuffle: nothing left out)
+    every = Counter(p for r in range(w0) for p in _patches(_make(url, World(r, w0), **{**kw, "batch_size": 1,
+                                                                                     "shuffle_buffer": 0}), n0)[0])
+    old_len = len(wdsr.make_loader(_make(url, World(0, w0), **kw), num_workers=n0))
+    stop = old_len // 2
+    consumed, state = Counter(), None
+    for r in range(w0):
+        got, st, _ = _patches(_make(url, World(r, w0), **kw), n0, stop=stop)
+        consumed.update(got)
+        state = st if state is None else state
+        assert (st["epoch"], st["batches"]) == (state["epoch"], state["batches"]) == (0, stop)  # the same on every rank
+    assert state is not None
+    resumed, counts, reads, reports = Counter(), [], 0, []
+    for r in range(w1):
+        ds = _make(url, World(r, w1), **kw)
+        got, after, loader = _patches(ds, n1, state=state)
+        counts.append(len(got))
+        resumed.update(got)
+        reads += ds.stats.totals()["samples"]
+        reports.append(loader.elastic_report)
+        assert (after["epoch"], after["batches"]) == (1, 0)  # the re-planned epoch ran to its end
+    report = reports[0]
+    assert all(r == report for r in reports) and report is not None
+    assert len(set(counts)) == 1  # equal batches on every new rank
+    assert counts[0] % kw["batch_size"] == 0
+    slots = w1 * max(1, n1)
+    # nothing is handed out twice and nothing is made up ...
+    assert not (consumed + resumed) - every
+    # ... and what is missing is exactly what the re-plan reports dropped, plus each new slot's last partial batch
+    missing = sum(every.values()) - sum(consumed.values()) - sum(resumed.values())
+    assert missing == report["dropped"] + slots * (report["per_slot"] % kw["batch_size"])
+    assert report["patches"] == sum(every.values()) - sum(consumed.values()) and report["partial_images"] >= 1
+    # images whose patches were all consumed are not read again (an image split between two new slots is read by both)
+    assert reads <= report["images"] + slots
+
+
+def test_a_second_world_change_inside_one_epoch_is_refused(photo_shards):
+    url = str(photo_shards)
+    kw = dict(scale=4, patch_size=48, patches_per_image=5, batch_size=3, shuffle_buffer=12, seed=21)
+    _, state, _ = _patches(_make(url, World(0, 2), **kw), 1, stop=3)
+    _, inside, _ = _patches(_make(url, World(0, 3), **kw), 1, state=state, stop=1)
+    assert inside["elastic"] == {"world_size": 2, "num_workers": 1, "batches": 3} and inside["batches"] == 1
+    # the same new world resumes inside the re-planned epoch exactly
+    full, _, _ = _patches(_make(url, World(0, 3), **kw), 1, state=state)
+    rest, _, _ = _patches(_make(url, World(0, 3), **kw), 1, state=inside)
+    assert full[3:] == rest
+    with pytest.raises(wdsr.WorldChanged, match="second change of world"):
+        wdsr.make_loader(_make(url, World(0, 4), **kw), num_workers=1).load_state_dict(inside)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -201,8 +202,8 @@ def test_kill_9_mid_epoch_then_resume_ends_with_the_uninterrupted_weights(photo_
     """2 ranks under torchrun, killed with SIGKILL (torchrun, ranks and workers) after a mid-epoch
     checkpoint; --resume continues at the exact batch, so the weights end as if nothing happened."""
 
-    def cmd(out: Path, *extra: str) -> list[str]:
-        return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+    def cmd(out: Path, *extra: str, ranks: int = 2) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={ranks}",
                 "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "wdsr", "train",
                 "--data", str(photo_shards), "--out", str(out), "--model", "espcn", "--patch-size", "48", "-k", "64",
                 "--batch-size", "4", "--workers", "1", "--shuffle-buffer", "16", "--steps", "600", "--log-every", "50",
@@ -233,9 +234,18 @@ def test_kill_9_mid_epoch_then_resume_ends_with_the_uninterrupted_weights(photo_
     # 80 batches per rank per epoch: a checkpoint every 7 steps is never at an epoch boundary here
     assert state["loader"]["batches"] == state["step"] % 80 > 0 and state["loader"]["epoch"] == state["step"] // 80
 
+    elastic = tmp_path / "elastic"
+    shutil.copytree(out, elastic)
     again = subprocess.run(cmd(out, "--resume"), capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "exact data position" in again.stderr
     got = records(out)[-1]
     assert got["event"] == "finished" and got["step"] == 600
     assert got["weights_sha256"] == want["weights_sha256"]
+
+    # the same checkpoint resumed by 3 ranks: the rest of the epoch is re-planned over them (elastic)
+    three = subprocess.run(cmd(elastic, "--resume", ranks=3), capture_output=True, text=True, timeout=300, env=env)
+    assert three.returncode == 0, three.stderr[-3000:]
+    assert "re-planned over it (elastic)" in three.stderr and "'dropped'" in three.stderr
+    done = records(elastic)[-1]
+    assert done["event"] == "finished" and done["step"] == 600 and done["weights_in_sync"] and len(done["weights_sha256"]) == 3

@@ -26,7 +26,7 @@ from wdsr.handoff import BatchPool
 from wdsr.plan import Span, slice_length, train_plan, val_plan
 from wdsr.read import ShardReader
 from wdsr.stats import SharedStats
-from wdsr.stream import ErrorPolicy, Source, TrainStream, collate, train_batches
+from wdsr.stream import ChunkStream, ElasticPlan, ErrorPolicy, Source, TrainStream, collate, elastic_plan, train_batches
 from wdsr.tiles import tile_boxes
 
 __all__ = ["DatasetConfig", "OnError", "SRDataset", "Split", "ValSample", "collate"]
@@ -124,6 +124,11 @@ class SRDataset(IterableDataset):
     def batches_per_worker(self, num_workers: int = 0) -> int:
         return self.samples_per_worker(num_workers) * self.config.patches_per_image // self.config.batch_size
 
+    def batches_per_worker_in(self, world_size: int, num_workers: int) -> int:
+        """Batches per worker of a loader with ``num_workers`` workers in a world of ``world_size`` ranks."""
+        per = slice_length(self.manifest.samples, world_size * max(1, num_workers))
+        return per * self.config.patches_per_image // self.config.batch_size
+
     def __len__(self) -> int:
         """Train: batches per rank per epoch without workers (``len(loader)`` for a loader's). Val: this rank's images."""
         return self.length(0)
@@ -162,20 +167,50 @@ class SRDataset(IterableDataset):
         skip_batches: int = 0,
         pool: BatchPool | None = None,
         slot_worker: int | None = None,
+        origin: tuple[int, int, int] | None = None,
     ) -> Iterator[Any]:
         """Worker ``slot_worker`` (default ``worker``)'s part of ``epoch``, after its first
-        ``skip_batches`` batches; batches go through ``pool``'s slots of DataLoader worker ``worker``."""
+        ``skip_batches`` batches; batches go through ``pool``'s slots of DataLoader worker ``worker``.
+
+        ``origin`` (old world size, old workers, batches per rank): the rest of an epoch another
+        world had run that far into, re-planned over this world (:func:`elastic_plan`)."""
         if self.config.split is Split.VAL:
             return self._val(worker, num_workers)
         c = self.config
         self.check_batches(num_workers)
         nw = max(1, num_workers)
         as_worker = worker if slot_worker is None else slot_worker
-        plan = train_plan(self._sizes(), c.seed, epoch, self.world.size, nw)
         slot = self.world.rank * nw + as_worker
-        stream = TrainStream(self._source, c.patch_config(), c.patches_per_image, c.seed, epoch, plan, slot, worker)
-        rng = np.random.default_rng([c.seed, epoch, self.world.rank, as_worker, 0x5348])
+        stream: TrainStream | ChunkStream
+        if origin is None:
+            plan = train_plan(self._sizes(), c.seed, epoch, self.world.size, nw)
+            stream = TrainStream(self._source, c.patch_config(), c.patches_per_image, c.seed, epoch, plan, slot, worker)
+            rng = np.random.default_rng([c.seed, epoch, self.world.rank, as_worker, 0x5348])
+        else:
+            el = self.elastic_plan(epoch, origin, nw)
+            old = train_plan(self._sizes(), c.seed, epoch, origin[0], max(1, origin[1]))
+            chunk = el.chunk(slot)
+            streams = {
+                int(s): TrainStream(self._source, c.patch_config(), c.patches_per_image, c.seed, epoch, old, int(s), worker)
+                for s in np.unique(chunk[:, 0])
+            }
+            stream = ChunkStream(streams, chunk, c.patches_per_image)
+            rng = np.random.default_rng([c.seed, epoch, self.world.rank, as_worker, 0x454C])
         return train_batches(stream, c.batch_size, c.shuffle_buffer, rng, skip_batches, worker, pool, c.return_keys, self.stats)
+
+    def elastic_plan(self, epoch: int, origin: tuple[int, int, int], num_workers: int) -> ElasticPlan:
+        """The rest of ``epoch`` after ``origin`` = (world size, workers, batches per rank), over this world."""
+        c = self.config
+        return elastic_plan(
+            self._sizes(),
+            c.seed,
+            epoch,
+            c.patches_per_image,
+            c.shuffle_buffer,
+            c.batch_size,
+            origin,
+            self.world.size * max(1, num_workers),
+        )
 
     def _val(self, worker: int, nw: int) -> Iterator[ValSample]:
         items = val_plan(self._sizes(), self.world.size, max(1, nw))[self.world.rank * max(1, nw) + worker]

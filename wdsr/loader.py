@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
 import signal
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,7 @@ from wdsr.errors import SampleError
 from wdsr.handoff import BatchPool, is_slot
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+log = logging.getLogger("wdsr")
 
 
 def tune_malloc() -> bool:
@@ -75,7 +77,8 @@ class _Pass(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         worker, nw = env.current_worker()
-        epoch, start = int(self.control[0]), int(self.control[1])
+        epoch, start, old_world, old_workers, old_batches = (int(v) for v in self.control)
+        origin = (old_world, old_workers, old_batches) if old_world else None
         if self.ds.config.split is Split.VAL:
             return self.ds.stream(worker, nw, epoch)
         # The DataLoader takes batches from its workers in turn, starting with worker 0 on every
@@ -84,7 +87,7 @@ class _Pass(IterableDataset):
         # ceil((start - that) / nw) batches already.
         as_worker = (worker + start) % nw
         done = (start - as_worker + nw - 1) // nw
-        return self.ds.stream(worker, nw, epoch, done, self.pool, as_worker)
+        return self.ds.stream(worker, nw, epoch, done, self.pool, as_worker, origin)
 
     def __getattr__(self, name: str) -> Any:  # loader.dataset.stats and the like still work
         if name in ("ds", "control", "pool") or name.startswith("__"):
@@ -104,7 +107,9 @@ class SRLoader(DataLoader):
     """
 
     def __init__(self, dataset: SRDataset, pool: BatchPool | None = None, pin_batches: bool = False, **kwargs: Any) -> None:
-        control = torch.zeros(2, dtype=torch.int64).share_memory_()  # read by (persistent) workers at each pass
+        # [epoch, batches handed out, elastic origin: old world, old workers, old batches (0: none)],
+        # read by the (persistent) workers at each pass
+        control = torch.zeros(5, dtype=torch.int64).share_memory_()
         super().__init__(_Pass(dataset, control, pool), batch_size=None, **kwargs)
         self.sr_dataset = dataset
         self._control, self._pool, self._pin = control, pool, pin_batches
@@ -113,7 +118,9 @@ class SRLoader(DataLoader):
         self._passes = 0
         self._asked: int | None = None  # loader.set_epoch()
         self._seen_request = 0  # the dataset's set_epoch() calls already taken up
-        self._resume: tuple[int, int] | None = None
+        self._resume: tuple[int, int, tuple[int, int, int] | None] | None = None
+        self._origin: tuple[int, int, int] | None = None  # of the current pass, when it is an elastic one
+        self.elastic_report: dict[str, int] | None = None  # what an elastic resume re-planned
 
     def __len__(self) -> int:
         return self.sr_dataset.length(self.num_workers)
@@ -138,14 +145,26 @@ class SRLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a generator over the inner iterator
         epoch = self._next_epoch()
         self._asked, self._seen_request = None, self.sr_dataset._epoch_request[0]
-        start = 0
+        start, origin = 0, None
         if self._resume is not None:
-            start = self._resume[1] if self._resume[0] == epoch else 0
+            if self._resume[0] == epoch:
+                start, origin = self._resume[1], self._resume[2]
             self._resume = None
-        self.epoch, self._position = epoch, start
+        self.epoch, self._position, self._origin = epoch, start, origin
         self._passes += 1
         self._control[0], self._control[1] = epoch, start
+        self._control[2], self._control[3], self._control[4] = origin if origin is not None else (0, 0, 0)
         return self._batches(super().__iter__())
+
+    def pass_length(self) -> int:
+        """Batches of the current pass: ``len(loader)``, or that of the rest of an epoch re-planned
+        by an elastic resume."""
+        origin = self._resume[2] if self._resume is not None else self._origin
+        epoch = self._resume[0] if self._resume is not None else self.epoch
+        if origin is None:
+            return len(self)
+        nw = max(1, self.num_workers)
+        return nw * (self.sr_dataset.elastic_plan(epoch, origin, self.num_workers).per_slot // self.sr_dataset.config.batch_size)
 
     def _batches(self, inner: Any) -> Iterator[Any]:
         """Batches from the DataLoader, copied out of their pool slots and counted; workers that
@@ -167,15 +186,18 @@ class SRLoader(DataLoader):
         c = ds.config
         if c.split is Split.VAL:
             raise ValueError("a val loader has no position to save: every pass reads every image")
+        origin: tuple[int, int, int] | None = None
         if self._resume is not None:
-            epoch, done = self._resume
+            epoch, done, origin = self._resume
         elif not self._passes:
             epoch, done = self._next_epoch(), 0
         else:
-            epoch, done = self.epoch, self._position
-            if done >= len(self):
-                epoch, done = epoch + 1, 0
+            epoch, done, origin = self.epoch, self._position, self._origin
+            if done >= self.pass_length():
+                epoch, done, origin = epoch + 1, 0, None
+        extra = {} if origin is None else {"elastic": {"world_size": origin[0], "num_workers": origin[1], "batches": origin[2]}}
         return {
+            **extra,
             "format": STATE_FORMAT,
             "dataset": ds.identity,
             "samples": ds.manifest.samples,
@@ -208,15 +230,74 @@ class SRLoader(DataLoader):
         epoch, done = state["epoch"], state["batches"]
         if type(epoch) is not int or type(done) is not int or epoch < 0 or done < 0:
             raise LoaderStateError(f"the loader state's epoch/batches must be integers >= 0, got {epoch!r}/{done!r}")
-        if (state["world_size"], state["num_workers"]) != (ds.world.size, self.num_workers):
+        origin = None
+        if "elastic" in state:
+            e = state["elastic"]
+            if not isinstance(e, dict) or any(
+                type(e.get(n)) is not int or e[n] < 0 for n in ("world_size", "num_workers", "batches")
+            ):
+                raise LoaderStateError(f"the loader state's elastic origin is malformed: {e!r}")
+            origin = (e["world_size"], e["num_workers"], e["batches"])
+        same_world = (state["world_size"], state["num_workers"]) == (ds.world.size, self.num_workers)
+        if not same_world and origin is not None:
             raise WorldChanged(
-                f"the loader state is from {state['world_size']} rank(s) x {state['num_workers']} worker(s), this loader "
-                f"runs {ds.world.size} x {self.num_workers}: an exact resume needs the same world and workers"
+                f"the loader state is inside an epoch already re-planned from {origin[0]} x {origin[1]} to "
+                f"{state['world_size']} x {state['num_workers']} slots; a second change of world within one epoch "
+                "is not supported"
             )
-        if done > len(self):
-            raise LoaderStateError(f"the loader state is {done} batches into an epoch of {len(self)}")
-        self._resume = (epoch, done) if done < len(self) else (epoch + 1, 0)
-        self._asked = self._resume[0]
+        if not same_world and done:
+            if type(state["world_size"]) is not int or type(state["num_workers"]) is not int or state["world_size"] < 1:
+                raise LoaderStateError("the loader state's world_size/num_workers must be integers")
+            old_len = max(1, state["num_workers"]) * ds.batches_per_worker_in(state["world_size"], state["num_workers"])
+            if done > old_len:
+                raise LoaderStateError(f"the loader state is {done} batches into an epoch of {old_len}")
+            if done < old_len:
+                origin, done = (state["world_size"], state["num_workers"], done), 0
+            else:
+                epoch, done = epoch + 1, 0
+        self._resume = (epoch, done, origin)
+        self._asked = epoch
+        length = self.pass_length()
+        if done > length:
+            raise LoaderStateError(f"the loader state is {done} batches into an epoch of {length}")
+        if done == length:
+            self._resume = (epoch + 1, 0, None)
+            self._asked = epoch + 1
+        self.elastic_report = None
+        if self._resume[2] is not None:
+            origin = self._resume[2]
+            self.elastic_report = _report(ds.elastic_plan(epoch, origin, self.num_workers), ds.config.patches_per_image)
+            log.debug(
+                "elastic resume of epoch %d: %d patches of %d images (%d partly consumed) left by %d x %d slots, "
+                "re-planned over %d x %d: %d per slot, %d dropped",
+                epoch,
+                self.elastic_report["patches"],
+                self.elastic_report["images"],
+                self.elastic_report["partial_images"],
+                origin[0],
+                max(1, origin[1]),
+                ds.world.size,
+                max(1, self.num_workers),
+                self.elastic_report["per_slot"],
+                self.elastic_report["dropped"],
+            )
+
+
+def _report(plan: Any, k: int) -> dict[str, int]:
+    """Counts of an elastic re-plan: remaining patches and images, images partly consumed, dropped patches."""
+    import numpy as np
+
+    if not len(plan.items):
+        return {"patches": 0, "images": 0, "partial_images": 0, "per_slot": 0, "dropped": 0}
+    ids = plan.items[:, 0] * (1 << 40) + plan.items[:, 1] // k
+    _, counts = np.unique(ids, return_counts=True)
+    return {
+        "patches": int(len(plan.items)),
+        "images": int(len(counts)),
+        "partial_images": int((counts < k).sum()),
+        "per_slot": int(plan.per_slot),
+        "dropped": int(plan.dropped),
+    }
 
 
 def make_loader(

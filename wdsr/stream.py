@@ -28,7 +28,7 @@ from wdsr.decode import DecodedPair, Verify, decode_pair, wanted_members
 from wdsr.errors import SampleError
 from wdsr.handoff import BatchPool
 from wdsr.patches import Patch, PatchConfig, cut_patches
-from wdsr.plan import Span
+from wdsr.plan import Span, train_plan
 from wdsr.read import ShardReader
 from wdsr.shuffle import fast_forward, shuffled
 from wdsr.stats import SharedStats
@@ -239,26 +239,124 @@ class TrainStream:
             return self._ready.pop(pos)
         i = pos // self.k
         js = sorted(self._waiting.pop(i))
+        for j, patch in zip(js, self.cut_positions(i, js), strict=True):
+            self._ready[i * self.k + j] = patch
+        return self._ready.pop(pos)
+
+    def cut_positions(self, i: int, js: list[int]) -> list[Patch]:
+        """The patches at positions ``(i, j) for j in js`` on their own: sample ``i`` decoded once,
+        or, if it is not usable, the stand-ins the stream puts there."""
         pair = self._one(i, count=True)
         if pair is not None:
-            patches = self._own(pair, i, js)
-        else:
-            source: tuple[DecodedPair, int | None] | None = None
-            for g in range(i + 1, len(self.samples)):
-                nxt = self._one(g)
-                if nxt is not None:
-                    source = (nxt, g)
-                    break
-            if source is None:
-                source = self._backup(i, None)
-            patches = self._stand_ins(source[0], source[1], i, js)
-        for j, patch in zip(js, patches, strict=True):
-            self._ready[i * self.k + j] = patch
+            return self._own(pair, i, js)
+        source: tuple[DecodedPair, int | None] | None = None
+        for g in range(i + 1, len(self.samples)):
+            nxt = self._one(g)
+            if nxt is not None:
+                source = (nxt, g)
+                break
+        if source is None:
+            source = self._backup(i, None)
+        return self._stand_ins(source[0], source[1], i, js)
+
+
+@dataclasses.dataclass(frozen=True)
+class ElasticPlan:
+    """The rest of an epoch that ``old_world x old_workers`` slots had run ``batches`` batches
+    into (per rank), re-planned over ``slots`` new slots: the remaining positions of every old
+    slot, in old-slot and position order, cut into ``slots`` equal runs of ``per_slot``."""
+
+    old_world: int
+    old_workers: int
+    batches: int
+    slots: int
+    items: np.ndarray  # [R, 2]: (old slot, position)
+    per_slot: int
+
+    @property
+    def dropped(self) -> int:
+        return len(self.items) - self.per_slot * self.slots
+
+    def chunk(self, slot: int) -> np.ndarray:
+        return self.items[slot * self.per_slot : (slot + 1) * self.per_slot]
+
+
+def elastic_plan(
+    sizes: list[int],
+    seed: int,
+    epoch: int,
+    k: int,
+    shuffle_buffer: int,
+    batch_size: int,
+    origin: tuple[int, int, int],
+    slots: int,
+) -> ElasticPlan:
+    """See :class:`ElasticPlan`; ``origin`` is (old world size, old workers, batches per rank)."""
+    old_world, old_workers, batches = origin
+    nw = max(1, old_workers)
+    plan = train_plan(sizes, seed, epoch, old_world, nw)
+    parts = []
+    for r in range(old_world):
+        for w in range(nw):
+            slot = r * nw + w
+            length = sum(len(sp) for sp in plan[slot])
+            done = max(0, (batches - w + nw - 1) // nw)
+            at = fast_forward(shuffle_buffer, np.random.default_rng([seed, epoch, r, w, 0x5348]), length * k, done * batch_size)
+            waiting = np.array(at.buffer if at.tail is None else at.tail, dtype=np.int64)
+            rest = np.arange(at.next_input, length * k, dtype=np.int64) if at.tail is None else np.empty(0, np.int64)
+            pos = np.sort(np.concatenate([waiting, rest]))
+            parts.append(np.stack([np.full(len(pos), slot, dtype=np.int64), pos], axis=1))
+    items = np.concatenate(parts) if parts else np.empty((0, 2), np.int64)
+    return ElasticPlan(old_world, old_workers, batches, slots, items, len(items) // slots)
+
+
+class ChunkStream:
+    """A new slot's run of an :class:`ElasticPlan`: the same interface as :class:`TrainStream`
+    (positions ``0 .. per_slot-1``), its patches cut through the old slots' streams."""
+
+    def __init__(self, streams: dict[int, TrainStream], chunk: np.ndarray, k: int) -> None:
+        self.streams, self.k = streams, k
+        self.chunk = chunk
+        self.total = len(chunk)
+        self._waiting: dict[tuple[int, int], list[int]] = {}
+        self._ready: dict[int, Patch] = {}
+        # groups of consecutive items with one (old slot, sample): where each starts
+        key = chunk[:, 0] * (1 << 40) + chunk[:, 1] // k if len(chunk) else np.empty(0, np.int64)
+        self._starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(chunk) else np.empty(0, np.int64)
+
+    def _group(self, g: int, first: int | None = None) -> tuple[int, int, list[int], list[int]]:
+        a = int(self._starts[g])
+        b = int(self._starts[g + 1]) if g + 1 < len(self._starts) else self.total
+        a = max(a, first) if first is not None else a
+        slot, i = int(self.chunk[a, 0]), int(self.chunk[a, 1]) // self.k
+        return slot, i, [int(p) % self.k for p in self.chunk[a:b, 1]], list(range(a, b))
+
+    def patches(self, start: int = 0) -> Iterator[Patch]:
+        if start >= self.total:
+            return
+        g = int(np.searchsorted(self._starts, start, side="right")) - 1
+        for n in range(g, len(self._starts)):
+            slot, i, js, _ = self._group(n, start if n == g else None)
+            yield from self.streams[slot].cut_positions(i, js)
+
+    def wait_for(self, positions: tuple[int, ...]) -> None:
+        for pos in positions:
+            slot, p = int(self.chunk[pos, 0]), int(self.chunk[pos, 1])
+            self._waiting.setdefault((slot, p // self.k), []).append(pos)
+
+    def resolve(self, pos: int) -> Patch:
+        if pos in self._ready:
+            return self._ready.pop(pos)
+        slot, p = int(self.chunk[pos, 0]), int(self.chunk[pos, 1])
+        mine = sorted(self._waiting.pop((slot, p // self.k)))
+        js = [int(self.chunk[q, 1]) % self.k for q in mine]
+        for q, patch in zip(mine, self.streams[slot].cut_positions(p // self.k, js), strict=True):
+            self._ready[q] = patch
         return self._ready.pop(pos)
 
 
 def train_batches(
-    stream: TrainStream,
+    stream: TrainStream | ChunkStream,
     batch_size: int,
     shuffle_buffer: int,
     rng: np.random.Generator,

@@ -236,7 +236,7 @@ def _loop(
         scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["rng"]["torch"])
         step, epoch = int(state["step"]), int(state["epoch"])
-        epoch = _resume_data(loader, state, step, epoch, per_epoch, ctx.rank)
+        epoch = _resume_data(loader, state, step, epoch, ctx.rank)
     run_model: nn.Module = model
     if ctx.world > 1:
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
@@ -261,13 +261,14 @@ def _loop(
     def checkpoint(batches: int) -> None:
         """Rank 0 writes; the epoch recorded is the one to continue (a finished epoch counts as the next)."""
         if ctx.rank == 0:
-            ep, done = (epoch + 1, 0) if batches >= per_epoch else (epoch, batches)
+            at = loader.state_dict()  # the data position, which also knows a re-planned (elastic) epoch
+            ep, done = at["epoch"], at["batches"]
             state = {
                 "format": FORMAT,
                 "step": step,
                 "epoch": ep,
                 "epoch_batches": done,
-                "loader": loader.state_dict(),  # the exact data position (wdsr-loader/1)
+                "loader": at,  # the exact data position (wdsr-loader/1)
                 "world_size": ctx.world,
                 "model": model.state_dict(),
                 "optimizer": opt.state_dict(),
@@ -289,10 +290,12 @@ def _loop(
         train_ds.set_epoch(epoch)
         it = iter(loader)
         batches = loader.position  # 0, or where a resumed epoch continues
+        ended = False
         while step < total:
             t0 = time.perf_counter()
             item = next(it, None)
             if item is None:
+                ended = True
                 break
             win.wait += time.perf_counter() - t0
             lr_b, hr_b = item[0], item[1]
@@ -328,7 +331,7 @@ def _loop(
                 break
         if hasattr(it, "close"):
             it.close()
-        if batches >= per_epoch:
+        if ended or batches >= loader.pass_length():  # an elastic resume's pass is shorter than an epoch
             epoch, batches = epoch + 1, 0
     if last_ckpt != step:
         checkpoint(batches)
@@ -356,7 +359,7 @@ def _loop(
     return 0
 
 
-def _resume_data(loader: SRLoader, state: dict[str, Any], step: int, epoch: int, per_epoch: int, rank: int) -> int:
+def _resume_data(loader: SRLoader, state: dict[str, Any], step: int, epoch: int, rank: int) -> int:
     """Put the loader where the checkpoint's data position was; the epoch to run next."""
     saved = state.get("loader")
     if saved is not None:
@@ -367,13 +370,25 @@ def _resume_data(loader: SRLoader, state: dict[str, Any], step: int, epoch: int,
                 log.warning("resuming at step %d: %s; the data continues at the next epoch boundary", step, exc)
         else:
             at = loader.state_dict()
-            if rank == 0:
+            if rank == 0 and loader.elastic_report is not None:
+                log.info(
+                    "resuming at step %d: the checkpoint's world was %d x %d, this one is %d x %d; the rest of epoch %d is "
+                    "re-planned over it (elastic): %s",
+                    step,
+                    saved["world_size"],
+                    saved["num_workers"],
+                    at["world_size"],
+                    at["num_workers"],
+                    at["epoch"],
+                    loader.elastic_report,
+                )
+            elif rank == 0:
                 log.info(
                     "resuming at step %d: epoch %d, batch %d of %d (exact data position)",
                     step,
                     at["epoch"],
                     at["batches"],
-                    per_epoch,
+                    loader.pass_length(),
                 )
             return int(at["epoch"])
     if int(state["epoch_batches"]) > 0:
