@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ def _expected_members(m: Manifest) -> list[str]:
 
 
 def _check_pair(
-    m: Manifest, key: str, members: dict[str, bytes], hr_size: list[int], max_pixels: int = headers.DEFAULT_MAX_PIXELS
+    m: Manifest, key: str, members: dict[str, bytes], hr_size: Sequence[int], max_pixels: int = headers.DEFAULT_MAX_PIXELS
 ) -> list[str]:
     """Deep checks of one sample; returns problems (empty when fine)."""
     problems = []

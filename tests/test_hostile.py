@@ -303,22 +303,41 @@ def _edit(path: str, value):
     (b"login\nsy:x:0:0:root:/root:/bin/bash\n", None),
     (b"\xff\xfe\x00garbage", None),
 ])
-def test_malformed_manifests_are_manifest_errors_naming_the_field(raw, field):
+@pytest.mark.parametrize("compact", [False, True])
+def test_malformed_manifests_are_manifest_errors_naming_the_field(raw, field, compact):
     with pytest.raises(ManifestError) as exc:
-        parse(raw, "ds/manifest.json")
+        parse(raw, "ds/manifest.json", compact=compact)
     assert exc.value.field == field, str(exc.value)
     assert "login" not in str(exc.value) and "garbage" not in str(exc.value)  # never echoes the file
 
 
-def test_duplicate_shard_names_and_keys_are_refused():
+@pytest.mark.parametrize("compact", [False, True])
+def test_duplicate_shard_names_and_keys_are_refused(compact):
     d = _good()
     d["shards"].append(dict(d["shards"][0]))
     d["samples"], d["bytes"] = 4, 8192
     with pytest.raises(ManifestError, match="listed twice"):
-        parse(json.dumps(d).encode(), "m")
+        parse(json.dumps(d).encode(), "m", compact=compact)
     d["shards"][1]["name"] = "shard-000001.tar"
-    with pytest.raises(ManifestError, match="appears twice"):
-        parse(json.dumps(d).encode(), "m")
+    with pytest.raises(ManifestError, match="appears twice") as exc:
+        parse(json.dumps(d).encode(), "m", compact=compact)
+    assert exc.value.field == "shards (shard-000000.tar).keys"
+
+
+def test_compact_manifests_hold_the_same_data_in_columns(ds):
+    raw = (ds / "manifest.json").read_bytes()
+    plain, compact = parse(raw, "m"), parse(raw, "m", compact=True)
+    assert compact.to_json() == plain.to_json() and compact.identity == hashlib.sha256(raw).hexdigest()
+    for a, b in zip(plain.shards, compact.shards):
+        assert isinstance(b.keys, mf.KeyColumn) and b.offsets.dtype == np.uint32 and b.hr_sizes.dtype == np.uint16
+        assert [b.keys[i] for i in range(b.samples)] == a.keys == b.keys[:] and b.keys == a.keys
+        assert [int(o) for o in b.offsets] == a.offsets and b.hr_sizes.tolist() == a.hr_sizes
+    # a shard entry where no shard belongs (turned into columns while parsing) is refused, not kept
+    d = json.loads(raw)
+    d["build"]["extra"] = [d["shards"][0]]
+    with pytest.raises(ManifestError, match="shard entry outside the shards list") as exc:
+        parse(json.dumps(d).encode(), "m", compact=True)
+    assert exc.value.field == "build.extra[0]"
 
 
 # ---- 6. duplicate members, RGBA QOI ---------------------------------------------------------------

@@ -7,7 +7,6 @@ the batches already handed out and the shared-memory slots belong to the loader
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -23,7 +22,7 @@ from wdsr.config import DatasetConfig, Split
 from wdsr.decode import DecodedPair
 from wdsr.errors import SampleError
 from wdsr.handoff import BatchPool
-from wdsr.plan import Span, slice_length, train_plan, val_plan
+from wdsr.plan import Span, TrainPlan, slice_length, val_plan
 from wdsr.read import ShardReader
 from wdsr.stats import SharedStats
 from wdsr.stream import ChunkStream, ElasticPlan, ErrorPolicy, Source, TrainStream, collate, elastic_plan, train_batches
@@ -73,10 +72,10 @@ class SRDataset(IterableDataset):
             raise TypeError(f"SRDataset({url!r}, ...): options are keyword-only (scale=..., patch_size=...), got {config!r}")
         self.config = DatasetConfig.from_options(config, **options)
         self.url = url
-        self.manifest = mf.load(url, storage_options)
+        self.manifest = mf.load(url, storage_options, compact=True)  # numpy columns: tens of MB at 1M samples
         if self.config.scale not in self.manifest.scales:
             raise ValueError(f"{url}: no x{self.config.scale} LR in this dataset (scales: {self.manifest.scales})")
-        self.identity = hashlib.sha256(self.manifest.dumps()).hexdigest()  # tells datasets apart in a saved state
+        self.identity = self.manifest.digest  # sha256 of manifest.json: tells datasets apart in a saved state
         self.world = world if world is not None else env.current_world()
         self.reader = ShardReader(url, self.manifest, storage_options, self.config.read_config())
         self.stats = SharedStats()
@@ -183,12 +182,12 @@ class SRDataset(IterableDataset):
         slot = self.world.rank * nw + as_worker
         stream: TrainStream | ChunkStream
         if origin is None:
-            plan = train_plan(self._sizes(), c.seed, epoch, self.world.size, nw)
+            plan = TrainPlan(self._sizes(), c.seed, epoch, self.world.size, nw)
             stream = TrainStream(self._source, c.patch_config(), c.patches_per_image, c.seed, epoch, plan, slot, worker)
             rng = np.random.default_rng([c.seed, epoch, self.world.rank, as_worker, 0x5348])
         else:
             el = self.elastic_plan(epoch, origin, nw)
-            old = train_plan(self._sizes(), c.seed, epoch, origin[0], max(1, origin[1]))
+            old = TrainPlan(self._sizes(), c.seed, epoch, origin[0], max(1, origin[1]))
             chunk = el.chunk(slot)
             streams = {
                 int(s): TrainStream(self._source, c.patch_config(), c.patches_per_image, c.seed, epoch, old, int(s), worker)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -42,32 +42,61 @@ def slice_length(total: int, slices: int) -> int:
     return math.ceil(total / slices)
 
 
-def _spans(layout: list[tuple[int, int]], begin: int, end: int, total: int) -> list[Span]:
-    """Spans covering positions ``begin..end-1`` of the (wrapped) sample sequence."""
-    starts = np.cumsum([0] + [n for _, n in layout])
-    out: list[Span] = []
-    pos = begin
-    while pos < end:
-        rep, p = divmod(pos, total)
-        i = int(np.searchsorted(starts, p, side="right")) - 1
-        shard, n = layout[i]
-        first = p - int(starts[i])
-        take = min(n - first, end - pos)
-        out.append(Span(shard, first, first + take, rep))
-        pos += take
-    return out
+class TrainPlan:
+    """One epoch's layout, computed once: the shard order and where each shard starts in the
+    sample sequence. A slot's spans come on demand (:meth:`slot`), so a worker pays for its own
+    slot only, not for all ``world_size x num_workers`` of them."""
+
+    def __init__(self, shard_sizes: Sequence[int], seed: int, epoch: int, world_size: int, num_workers: int) -> None:
+        if world_size < 1 or num_workers < 1:
+            raise ValueError(f"world_size and num_workers must be >= 1, got {world_size}, {num_workers}")
+        sizes = np.asarray(shard_sizes, dtype=np.int64)
+        order = shard_order(len(sizes), seed, epoch)
+        keep = order[sizes[order] > 0]
+        self._shards, self._counts = keep, sizes[keep]
+        self._starts = np.concatenate([[0], np.cumsum(self._counts)])
+        self.total = int(self._starts[-1])
+        self.slots = world_size * num_workers
+        self.length = slice_length(self.total, self.slots)
+
+    def __len__(self) -> int:
+        return self.slots
+
+    def __getitem__(self, slot: int) -> list[Span]:
+        return self.slot(slot)
+
+    def slot(self, slot: int) -> list[Span]:
+        """Spans of slot ``rank * num_workers + worker``: positions ``slot*length ..`` of the
+        sequence, wrapped around past its end."""
+        if not 0 <= slot < self.slots:
+            raise IndexError(f"slot {slot} of {self.slots}")
+        out: list[Span] = []
+        pos, end = slot * self.length, (slot + 1) * self.length
+        while pos < end:
+            rep, p = divmod(pos, self.total)
+            i = int(np.searchsorted(self._starts, p, side="right")) - 1
+            first = p - int(self._starts[i])
+            take = min(int(self._counts[i]) - first, end - pos)
+            out.append(Span(int(self._shards[i]), first, first + take, rep))
+            pos += take
+        return out
+
+    def others(self, slot: int) -> Iterator[Span]:
+        """The other slots' spans, from the next slot on, wrapping (where stand-ins are looked for
+        when every sample of ``slot`` failed)."""
+        for t in list(range(slot + 1, self.slots)) + list(range(slot)):
+            yield from self.slot(t)
 
 
 def train_plan(shard_sizes: Sequence[int], seed: int, epoch: int, world_size: int, num_workers: int) -> list[list[Span]]:
-    """One list of spans per slice; slice ``rank * num_workers + worker`` belongs to that worker."""
-    if world_size < 1 or num_workers < 1:
-        raise ValueError(f"world_size and num_workers must be >= 1, got {world_size}, {num_workers}")
-    order = shard_order(len(shard_sizes), seed, epoch)
-    layout = [(int(i), int(shard_sizes[i])) for i in order if shard_sizes[i] > 0]
-    total = sum(n for _, n in layout)
-    slices = world_size * num_workers
-    length = slice_length(total, slices)
-    return [_spans(layout, s * length, (s + 1) * length, total) for s in range(slices)]
+    """Every slot's spans; slot ``rank * num_workers + worker`` belongs to that worker."""
+    plan = TrainPlan(shard_sizes, seed, epoch, world_size, num_workers)
+    return [plan.slot(s) for s in range(plan.slots)]
+
+
+def slot_plan(shard_sizes: Sequence[int], seed: int, epoch: int, world_size: int, num_workers: int, slot: int) -> list[Span]:
+    """One slot's spans, without computing the others."""
+    return TrainPlan(shard_sizes, seed, epoch, world_size, num_workers).slot(slot)
 
 
 def val_plan(shard_sizes: Sequence[int], world_size: int, num_workers: int) -> list[list[tuple[int, int]]]:

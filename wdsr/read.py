@@ -204,7 +204,7 @@ class ShardReader:
         with opener() if opener else fs.open(path, "rb") as f:
             if not checked and info.probe is not None:
                 self._check_probe(f, path, info)
-            f.seek(info.offsets[span.start])
+            f.seek(int(info.offsets[span.start]))
             for i in range(span.start, span.stop):
                 begin, end = _bounds(info, i)
                 t0 = time.perf_counter_ns()
@@ -220,7 +220,7 @@ class ShardReader:
                     nbytes,
                     time.perf_counter_ns() - t0,
                     Span(span.shard_index, i, i + 1, span.rep),
-                    (info.hr_sizes[i][0], info.hr_sizes[i][1]),
+                    (int(info.hr_sizes[i][0]), int(info.hr_sizes[i][1])),
                 )
 
     def _check_probe(self, f: Any, path: str, info: ShardInfo) -> None:
@@ -276,7 +276,7 @@ class ShardReader:
                     nbytes,
                     ns + time.perf_counter_ns() - t0,
                     Span(span.shard_index, i, i + 1, span.rep),
-                    (info.hr_sizes[i][0], info.hr_sizes[i][1]),
+                    (int(info.hr_sizes[i][0]), int(info.hr_sizes[i][1])),
                 )
                 del data, members
         finally:
@@ -285,7 +285,7 @@ class ShardReader:
 
 
 def _bounds(info: ShardInfo, i: int) -> tuple[int, int]:
-    return info.offsets[i], (info.offsets[i + 1] if i + 1 < info.samples else info.bytes)
+    return int(info.offsets[i]), (int(info.offsets[i + 1]) if i + 1 < info.samples else info.bytes)
 
 
 class _View:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,7 @@ from wdsr.decode import DecodedPair, Verify, decode_pair, wanted_members
 from wdsr.errors import SampleError
 from wdsr.handoff import BatchPool
 from wdsr.patches import Patch, PatchConfig, cut_patches
-from wdsr.plan import Span, train_plan
+from wdsr.plan import Span, TrainPlan
 from wdsr.read import ShardReader
 from wdsr.shuffle import fast_forward, shuffled
 from wdsr.stats import SharedStats
@@ -69,7 +69,7 @@ class Source:
     stats: SharedStats
     errors: ErrorPolicy
 
-    def pairs(self, spans: list[Span], worker: int, count: bool = True) -> Generator[DecodedPair | SampleError, None, None]:
+    def pairs(self, spans: Iterable[Span], worker: int, count: bool = True) -> Generator[DecodedPair | SampleError, None, None]:
         """One item per sample of ``spans``, in order: the decoded pair, or (when skipping) its error."""
         wanted = wanted_members(self.codec, self.scale)
         for span in spans:
@@ -107,11 +107,11 @@ class TrainStream:
     """The patches of one worker slot for one epoch, by position (see the module docstring)."""
 
     def __init__(
-        self, source: Source, spec: PatchConfig, k: int, seed: int, epoch: int, plan: list[list[Span]], slot: int, worker: int
+        self, source: Source, spec: PatchConfig, k: int, seed: int, epoch: int, plan: TrainPlan, slot: int, worker: int
     ) -> None:
         self.src, self.spec, self.k, self.seed, self.epoch, self.worker = source, spec, k, seed, epoch, worker
         self.samples = [(sp.shard_index, i, sp.rep) for sp in plan[slot] for i in range(sp.start, sp.stop)]
-        self.fallback = [sp for sl in plan[slot + 1 :] + plan[:slot] for sp in sl]
+        self.plan, self.slot = plan, slot
         self.total = len(self.samples) * k
         self._waiting: dict[int, list[int]] = {}  # sample -> its waiting js, at a resume
         self._ready: dict[int, Patch] = {}  # position -> patch, cut early for a waiting position
@@ -189,7 +189,7 @@ class TrainStream:
             if pair is not None:
                 return pair, i
             i -= 1
-        items = self.src.pairs(self.fallback, self.worker, count=False)
+        items = self.src.pairs(self.plan.others(self.slot), self.worker, count=False)
         try:
             for item in items:
                 pair = self._usable(item, count=False)
@@ -294,7 +294,7 @@ def elastic_plan(
     """See :class:`ElasticPlan`; ``origin`` is (old world size, old workers, batches per rank)."""
     old_world, old_workers, batches = origin
     nw = max(1, old_workers)
-    plan = train_plan(sizes, seed, epoch, old_world, nw)
+    plan = TrainPlan(sizes, seed, epoch, old_world, nw)
     parts = []
     for r in range(old_world):
         for w in range(nw):

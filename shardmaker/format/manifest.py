@@ -7,7 +7,10 @@ import dataclasses
 import hashlib
 import json
 import re
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
+
+import numpy as np
 
 from shardmaker import storage
 from shardmaker.errors import ShardmakerError
@@ -122,15 +125,48 @@ def _str(v: Any, where: str, field: str) -> str:
     return v
 
 
+class KeyColumn(Sequence[str]):
+    """A shard's sample keys in one fixed-width bytes array (~25 bytes a key instead of ~75 for a
+    Python string): how ``load(compact=True)`` holds a million keys in tens of MB."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, keys: Sequence[str]) -> None:
+        self.array = np.array([k.encode() for k in keys], dtype=bytes) if len(keys) else np.empty(0, dtype="S1")
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [b.decode() for b in self.array[i]]
+        return bytes(self.array[i]).decode()
+
+    def __iter__(self) -> Iterator[str]:
+        return (b.decode() for b in self.array)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardInfo:
+    """One shard's entry. Lists as parsed, or (``compact``) numpy columns and a :class:`KeyColumn`;
+    both index the same way (``offsets[i]``, ``keys[i]``, ``hr_sizes[i][0]``)."""
+
     name: str
     samples: int
     bytes: int
     sha256: str
-    keys: list[str]
-    offsets: list[int]
-    hr_sizes: list[list[int]]
+    keys: Sequence[str]
+    offsets: Sequence[int]
+    hr_sizes: Sequence[Sequence[int]]
     probe: str | None = None  # probe_of(first MiB, last MiB); absent in manifests of older builds
 
     def __post_init__(self) -> None:
@@ -140,19 +176,28 @@ class ShardInfo:
                 f"shard {self.name}: samples={n} but {len(self.keys)} keys, "
                 f"{len(self.offsets)} offsets, {len(self.hr_sizes)} hr_sizes"
             )
-        if any(b <= a for a, b in zip(self.offsets, self.offsets[1:], strict=False)) or (n and self.offsets[0] != 0):
+        offsets = np.asarray(self.offsets, dtype=np.int64)
+        if (n and offsets[0] != 0) or bool(np.any(np.diff(offsets) <= 0)):
             raise ManifestError(f"shard {self.name}: offsets must start at 0 and increase")
-        if n and self.offsets[-1] >= self.bytes:
-            raise ManifestError(f"shard {self.name}: last offset {self.offsets[-1]} beyond {self.bytes} bytes")
+        if n and offsets[-1] >= self.bytes:
+            raise ManifestError(f"shard {self.name}: last offset {offsets[-1]} beyond {self.bytes} bytes")
 
     def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        if d["probe"] is None:
-            del d["probe"]
+        d: dict[str, Any] = {
+            "name": self.name,
+            "samples": self.samples,
+            "bytes": self.bytes,
+            "sha256": self.sha256,
+            "keys": list(self.keys),
+            "offsets": [int(o) for o in self.offsets],
+            "hr_sizes": [[int(w), int(h)] for w, h in self.hr_sizes],
+        }
+        if self.probe is not None:
+            d["probe"] = self.probe
         return d
 
     @classmethod
-    def from_json(cls, d: Any, where: str = MANIFEST, field: str = "shard") -> ShardInfo:
+    def from_json(cls, d: Any, where: str = MANIFEST, field: str = "shard", compact: bool = False) -> ShardInfo:
         """A shard entry, checked field by field (types, ranges, patterns, consistency)."""
         if type(d) is not dict:
             raise ManifestError(where, field, f"must be an object, got {type(d).__name__}")
@@ -189,6 +234,18 @@ class ShardInfo:
         probe = d.get("probe")
         if probe is not None and (not isinstance(probe, str) or not SHA256.fullmatch(probe)):
             raise ManifestError(where, f"{f}.probe", "must be 64 lowercase hex digits")
+        if compact:
+            return cls(
+                name,
+                samples,
+                size,
+                digest,
+                KeyColumn(keys),
+                # the narrowest types that hold them: 4 + 4 bytes a sample for shards under 4 GiB, sides under 64k
+                np.asarray(offsets, dtype=np.uint32 if size < 1 << 32 else np.int64),  # type: ignore[arg-type]
+                np.asarray(sizes, dtype=np.uint16 if max(map(max, sizes)) < 1 << 16 else np.int32).reshape(-1, 2),  # type: ignore[arg-type]
+                probe,
+            )
         return cls(name, samples, size, digest, list(keys), list(offsets), [list(wh) for wh in sizes], probe)
 
 
@@ -199,6 +256,13 @@ class Manifest:
     lr_method: str
     shards: list[ShardInfo]
     build: dict[str, Any] = dataclasses.field(default_factory=dict)
+    identity: str | None = dataclasses.field(default=None, compare=False)  # sha256 of the file it was read from
+
+    @property
+    def digest(self) -> str:
+        """What tells this dataset from any other: the sha256 of its manifest file (of its JSON
+        when it was made in memory)."""
+        return self.identity if self.identity is not None else hashlib.sha256(self.dumps()).hexdigest()
 
     @property
     def samples(self) -> int:
@@ -224,7 +288,7 @@ class Manifest:
         return (json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n").encode()
 
     @classmethod
-    def from_json(cls, d: Any, where: str = MANIFEST, allow_empty: bool = False) -> Manifest:
+    def from_json(cls, d: Any, where: str = MANIFEST, allow_empty: bool = False, compact: bool = False) -> Manifest:
         """A whole manifest, checked against the schema; ``allow_empty`` for part manifests."""
         if type(d) is not dict or d.get("format") != FORMAT:
             got = d.get("format") if type(d) is dict else None
@@ -251,16 +315,20 @@ class Manifest:
         raw_shards = _list(d["shards"], where, "shards")
         if not raw_shards and not allow_empty:
             raise ManifestError(where, "shards", "no shards: an empty dataset")
-        shards = [ShardInfo.from_json(x, where, f"shards[{i}]") for i, x in enumerate(raw_shards)]
-        names, keys = set(), set()
+        shards = []
+        for i, x in enumerate(raw_shards):
+            if isinstance(x, _Parsed):  # parse(compact=True) made it while reading the JSON
+                shards.append(x.info if x.info is not None else ShardInfo.from_json(x.original, where, f"shards[{i}]", compact))
+            else:
+                shards.append(ShardInfo.from_json(x, where, f"shards[{i}]", compact))
+        if compact:
+            _no_parsed(build, where, "build")
+        names: set[str] = set()
         for sh in shards:
             if sh.name in names:
                 raise ManifestError(where, "shards", f"shard {sh.name} is listed twice")
             names.add(sh.name)
-            for k in sh.keys:
-                if k in keys:
-                    raise ManifestError(where, f"shards ({sh.name}).keys", f"key {k!r} appears twice in the dataset")
-                keys.add(k)
+        _check_unique_keys(shards, where)
         m = cls(codec, list(scales), lr_method, shards, dict(build))
         for total in ("samples", "bytes"):
             if total in d and (type(d[total]) is not int or d[total] != getattr(m, total)):
@@ -268,13 +336,66 @@ class Manifest:
         return m
 
 
+@dataclasses.dataclass(frozen=True)
+class _Parsed:
+    """A shard entry turned into columns while the JSON is still being parsed (or why it could
+    not be): its lists are freed at once, so a million samples never exist as Python objects."""
+
+    info: ShardInfo | None
+    original: dict[str, Any] | None = None  # kept only when it failed: checked again to name shards[i]
+
+
+_SHARD_FIELDS = frozenset({"name", "samples", "bytes", "sha256", "keys", "offsets", "hr_sizes"})
+
+
+def _compact_hook(where: str) -> Any:
+    def hook(d: dict[str, Any]) -> Any:
+        if not _SHARD_FIELDS <= d.keys():
+            return d
+        try:
+            return _Parsed(ShardInfo.from_json(d, where, "shard", True))
+        except ManifestError:
+            return _Parsed(None, d)
+
+    return hook
+
+
+def _no_parsed(v: Any, where: str, field: str) -> None:
+    """A shard entry anywhere but in ``shards`` (a crafted file): refused, not silently changed."""
+    if isinstance(v, _Parsed):
+        raise ManifestError(where, field, "holds a shard entry outside the shards list")
+    if isinstance(v, dict):
+        for k, x in v.items():
+            _no_parsed(x, where, f"{field}.{k}")
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            _no_parsed(x, where, f"{field}[{i}]")
+
+
+def _check_unique_keys(shards: list[ShardInfo], where: str) -> None:
+    """Every key once in the dataset: one sort of all keys as fixed-width bytes, not a set of strings."""
+    if not shards:
+        return
+    cols = [
+        s.keys.array if isinstance(s.keys, KeyColumn) else np.array([k.encode() for k in s.keys], dtype=bytes) for s in shards
+    ]
+    width = max((c.dtype.itemsize for c in cols if len(c)), default=1)
+    every = np.sort(np.concatenate([c.astype(f"S{width}") for c in cols]))
+    dup = np.flatnonzero(every[1:] == every[:-1])
+    if len(dup):
+        key = bytes(every[dup[0]]).decode()
+        owner = next(s.name for s in shards if key in set(s.keys))
+        raise ManifestError(where, f"shards ({owner}).keys", f"key {key!r} appears twice in the dataset")
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def load(url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
-    """Read ``URL/manifest.json`` (URL is the dataset folder)."""
+def load(url: str, storage_options: dict[str, Any] | None = None, compact: bool = False) -> Manifest:
+    """Read ``URL/manifest.json`` (URL is the dataset folder); ``compact``: per-sample data in
+    numpy columns (what the streaming reader holds in every process)."""
     fs, root = storage.open_dir(url, storage_options)
     path = storage.join(root, MANIFEST)
     try:
@@ -286,19 +407,21 @@ def load(url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
             f"{url}: access denied reading {MANIFEST} ({_first_line(exc)}); check the credentials "
             "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or storage_options)"
         ) from None
-    return parse(raw, path)
+    return parse(raw, path, compact=compact)
 
 
-def parse(raw: bytes, where: str, allow_empty: bool = False) -> Manifest:
+def parse(raw: bytes, where: str, allow_empty: bool = False, compact: bool = False) -> Manifest:
     """Bytes of a manifest file -> a checked Manifest (any failure is a ManifestError naming ``where``)."""
     if len(raw) > MAX_MANIFEST_BYTES:
         raise ManifestError(where, None, f"{len(raw)} bytes: too large for a manifest")
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, object_hook=_compact_hook(where) if compact else None)
     except json.JSONDecodeError as exc:
         raise ManifestError(where, None, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
     except UnicodeDecodeError:
         raise ManifestError(where, None, "not valid JSON (not UTF-8 text)") from None
     except RecursionError:
         raise ManifestError(where, None, "not valid JSON (nested too deeply)") from None
-    return Manifest.from_json(data, where=where, allow_empty=allow_empty)
+    m = Manifest.from_json(data, where=where, allow_empty=allow_empty, compact=compact)
+    del data
+    return dataclasses.replace(m, identity=hashlib.sha256(raw).hexdigest())

@@ -1,0 +1,89 @@
+"""Manifest and plan cost at 100k and 1M samples, per process (the issue-11 scale targets).
+
+    .venv/bin/python bench/scale_bench.py [--samples 100000 1000000] [--out bench/out/scale]
+
+Writes synthetic but valid manifests (250 samples per shard, DIV2K-like keys and sizes), then, each
+in a fresh process: the time to load the manifest and the memory it holds (RSS after minus before,
+and the peak), and the time for one DataLoader worker to plan its part of an epoch at
+1,024 ranks x 16 workers, with the dataset's own plan code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PER_SHARD = 250
+
+PROBE = r'''
+import json, resource, sys, time
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+import numpy as np
+from shardmaker.format import manifest as mf
+from wdsr import plan
+path, ranks, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+before = rss()
+t0 = time.perf_counter()
+m = mf.load(path, compact=True)
+load_s = time.perf_counter() - t0
+held = rss() - before
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+sizes = [s.samples for s in m.shards]
+t0 = time.perf_counter()
+plan.slot_plan(sizes, 0, 3, ranks, workers, ranks * workers // 2 + 7)
+plan_s = time.perf_counter() - t0
+print(json.dumps({"samples": m.samples, "load_s": load_s, "held": held, "peak": peak, "plan_s": plan_s}))
+'''
+
+
+def write_manifest(path: Path, samples: int) -> None:
+    shards = []
+    for s in range(-(-samples // PER_SHARD)):
+        n = min(PER_SHARD, samples - s * PER_SHARD)
+        offsets = [i * 4_800_000 // 512 * 512 for i in range(n)]
+        shards.append({
+            "name": f"shard-{s:06d}.tar", "samples": n, "bytes": offsets[-1] + 4_800_000,
+            "sha256": hashlib.sha256(str(s).encode()).hexdigest(),
+            "keys": [f"train/{s:04d}/img_{s * PER_SHARD + i:07d}" for i in range(n)],
+            "offsets": offsets, "hr_sizes": [[2040, 1356 + (i % 7)] for i in range(n)],
+        })
+    doc = {"format": "wdsr-shards/1", "codec": "png", "scales": [2, 4], "lr_method": "matlab",
+           "samples": samples, "bytes": sum(s["bytes"] for s in shards), "build": {}, "shards": shards}
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "manifest.json").write_text(json.dumps(doc, separators=(",", ":")))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", type=int, nargs="+", default=[100_000, 1_000_000])
+    ap.add_argument("--out", default="bench/out/scale")
+    args = ap.parse_args()
+    lines = ["| samples | manifest.json | load | memory held after load | peak during load | plan, one worker of 1,024 x 16 |",
+             "|---|---|---|---|---|---|"]
+    for n in args.samples:
+        d = Path(args.out) / f"m{n}"
+        if not (d / "manifest.json").exists():
+            write_manifest(d, n)
+        out = subprocess.run([sys.executable, "-c", PROBE, str(d), "1024", "16"], capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).resolve().parents[1])
+        r = json.loads(out.stdout)
+        size = (d / "manifest.json").stat().st_size
+        lines.append(f"| {n:,} | {size / 1e6:.0f} MB | {r['load_s']:.2f} s | {r['held'] / 1e6:.0f} MB | "
+                     f"{r['peak'] / 1e6:.0f} MB | {r['plan_s'] * 1000:.1f} ms |")
+    text = "\n".join(lines)
+    print(text)
+    (Path(args.out) / "scale_bench.md").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
