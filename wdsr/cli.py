@@ -82,8 +82,10 @@ def _train_parser(sub: Any) -> None:
         "psnr_y/ssim_y. Checkpoints go to OUT/checkpoints/, OUT/latest.json names the newest.\n"
         "SIGTERM (Kubernetes preemption) finishes the step, writes a checkpoint and exits 0;\n"
         "a second SIGTERM exits at once. --resume continues from OUT/latest.json (or starts\n"
-        "fresh if there is none), at the next epoch boundary: mid-epoch data position is not\n"
-        "restored yet. Config file keys are the flag names; flags override the file.",
+        "fresh if there is none) at the exact batch of the checkpoint: the same world gets the\n"
+        "batches an uninterrupted run would have had; another number of ranks or --workers\n"
+        "re-plans the rest of that epoch over them. Config file keys are the flag names; flags\n"
+        "override the file.",
         epilog="example:\n  wdsr train --data demo-out/shards --val-data demo-out/shards --out demo-out/run \\\n"
         "             --model espcn --patch-size 96 --steps 200 --workers 2\n"
         "  torchrun --nproc-per-node 8 -m wdsr train --config train.yaml --resume",

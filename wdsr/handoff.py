@@ -10,13 +10,27 @@ never reused while anything can still see it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
 import numpy as np
 import torch
 
-TAG = "__wdsr_slot__"
+
+@dataclasses.dataclass(frozen=True)
+class SlotRef:
+    """What a worker sends instead of a batch: which slot of which pool holds it, and its shapes.
+    (A dataclass passes through the DataLoader's ``default_convert`` untouched.)"""
+
+    token: int  # the pool's
+    index: int
+    lr_shape: tuple[int, ...]
+    hr_shape: tuple[int, ...]
+    dtype: str
+    keys: list[str] | None
+
+
 _DTYPES = {"uint8": (np.uint8, torch.uint8), "uint16": (np.uint16, torch.uint16)}
 
 
@@ -36,7 +50,7 @@ class BatchPool:
     def _view(self, index: int) -> np.ndarray:
         return self._data.numpy()[index * self.slot_bytes : (index + 1) * self.slot_bytes]
 
-    def put(self, worker: int, lr: list[np.ndarray], hr: list[np.ndarray], keys: list[str] | None) -> tuple | None:
+    def put(self, worker: int, lr: list[np.ndarray], hr: list[np.ndarray], keys: list[str] | None) -> SlotRef | None:
         """Stack patches into a free slot of ``worker``; None when none is free or they do not fit."""
         a, b = lr[0], hr[0]
         n_lr, n_hr = len(lr) * a.nbytes, len(hr) * b.nbytes
@@ -54,11 +68,11 @@ class BatchPool:
         view = self._view(index)
         np.stack(lr, out=view[:n_lr].view(a.dtype).reshape((len(lr),) + a.shape))
         np.stack(hr, out=view[n_lr : n_lr + n_hr].view(b.dtype).reshape((len(hr),) + b.shape))
-        return (TAG, self.token, index, (len(lr),) + a.shape, (len(hr),) + b.shape, a.dtype.name, keys)
+        return SlotRef(self.token, index, (len(lr),) + a.shape, (len(hr),) + b.shape, a.dtype.name, keys)
 
-    def take(self, meta: tuple, pin: bool) -> tuple[Any, ...]:
+    def take(self, ref: SlotRef, pin: bool) -> tuple[Any, ...]:
         """The trainer side: copy the batch out of its slot, free the slot, return tensors."""
-        _, token, index, lr_shape, hr_shape, dtype, keys = meta
+        token, index, lr_shape, hr_shape, dtype, keys = ref.token, ref.index, ref.lr_shape, ref.hr_shape, ref.dtype, ref.keys
         if token != self.token:
             raise RuntimeError("a batch arrived from another loader's workers; build one loader per dataset")
         np_t, torch_t = _DTYPES[dtype]
@@ -76,4 +90,4 @@ class BatchPool:
 
 
 def is_slot(item: Any) -> bool:
-    return isinstance(item, (tuple, list)) and len(item) == 7 and item[0] == TAG
+    return isinstance(item, SlotRef)

@@ -26,7 +26,7 @@ import torch
 from shardmaker.errors import OnError
 from wdsr.decode import DecodedPair, Verify, decode_pair, wanted_members
 from wdsr.errors import SampleError
-from wdsr.handoff import BatchPool
+from wdsr.handoff import BatchPool, SlotRef
 from wdsr.patches import Patch, PatchConfig, cut_patches
 from wdsr.plan import Span, TrainPlan
 from wdsr.read import ShardReader
@@ -377,7 +377,7 @@ def train_batches(
     for patch in patches:
         batch.append(patch)
         if len(batch) == batch_size:
-            out = None
+            out: SlotRef | tuple[Any, ...] | None = None
             if pool is not None and in_worker:
                 out = pool.put(
                     worker, [p.lr for p in batch], [p.hr for p in batch], [p.key for p in batch] if return_keys else None
