@@ -209,19 +209,7 @@ class ShardReader:
                 begin, end = _bounds(info, i)
                 t0 = time.perf_counter_ns()
                 f.seek(begin)
-                members = _members(f, end - begin, info.name, info.keys[i], wanted)
-                nbytes = sum(len(v) for v in members.values())
-                yield RawSample(
-                    info.name,
-                    info.keys[i],
-                    i,
-                    span.rep,
-                    members,
-                    nbytes,
-                    time.perf_counter_ns() - t0,
-                    Span(span.shard_index, i, i + 1, span.rep),
-                    (int(info.hr_sizes[i][0]), int(info.hr_sizes[i][1])),
-                )
+                yield _raw_sample(info, span, i, f, end - begin, wanted, t0)
 
     def _check_probe(self, f: Any, path: str, info: ShardInfo) -> None:
         """Is this file the shard the manifest lists (not another build's of the same size)?
@@ -264,24 +252,30 @@ class ShardReader:
                     data, ns = pending.popleft().result() if ahead else fetch(i)
                 except remote.ReadFailed as exc:
                     raise SampleError(rf.url, None, f"{exc.reason} (sample {info.keys[i]!r})") from None
-                t0 = time.perf_counter_ns()
-                members = _members(_View(data), len(data), info.name, info.keys[i], wanted)
-                nbytes = sum(len(v) for v in members.values())
-                yield RawSample(
-                    info.name,
-                    info.keys[i],
-                    i,
-                    span.rep,
-                    members,
-                    nbytes,
-                    ns + time.perf_counter_ns() - t0,
-                    Span(span.shard_index, i, i + 1, span.rep),
-                    (int(info.hr_sizes[i][0]), int(info.hr_sizes[i][1])),
-                )
-                del data, members
+                raw = _raw_sample(info, span, i, _View(data), len(data), wanted, time.perf_counter_ns(), ns)
+                yield raw
+                del data, raw
         finally:
             for fut in pending:
                 fut.cancel()
+
+
+def _raw_sample(
+    info: ShardInfo, span: Span, i: int, f: Any, length: int, wanted: frozenset[str], t0: int, read_ns: int = 0
+) -> RawSample:
+    """Sample ``i`` of ``info`` from ``f`` (at its first byte, ``length`` bytes), with the wanted members."""
+    members = _members(f, length, info.name, info.keys[i], wanted)
+    return RawSample(
+        info.name,
+        info.keys[i],
+        i,
+        span.rep,
+        members,
+        sum(len(v) for v in members.values()),
+        read_ns + time.perf_counter_ns() - t0,
+        Span(span.shard_index, i, i + 1, span.rep),
+        (int(info.hr_sizes[i][0]), int(info.hr_sizes[i][1])),
+    )
 
 
 def _bounds(info: ShardInfo, i: int) -> tuple[int, int]:
