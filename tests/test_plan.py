@@ -52,7 +52,7 @@ def test_pure_and_epoch_dependent():
 
 @pytest.mark.parametrize("sizes,world,workers", list(itertools.product([[3, 3, 3, 1], [1], [9, 4]], [1, 2, 3], [1, 2, 4])))
 def test_val_every_sample_once_in_manifest_order(sizes, world, workers):
-    slices = val_plan(sizes, world, workers)
+    slices = [[(ref.shard_index, ref.sample) for ref in s] for s in val_plan(sizes, world, workers)]
     every = [x for s in slices for x in s]
     assert Counter(every) == Counter((s, i) for s, n in enumerate(sizes) for i in range(n))
     expected = [(s, i) for s, n in enumerate(sizes) for i in range(n)]

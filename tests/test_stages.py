@@ -14,7 +14,6 @@ from wdsr.decode import DecodedPair
 from wdsr.errors import SampleError
 from wdsr.handoff import BatchPool, is_slot
 from wdsr.patches import PatchConfig, cut_patches
-from wdsr.plan import Span
 from wdsr.shuffle import shuffled
 
 
@@ -87,7 +86,7 @@ def test_to_chw_is_a_contiguous_channel_first_copy():
 def _pair(s: int, key: str = "k") -> DecodedPair:
     lr = np.ascontiguousarray(photos()[0][::8, ::8][:40, :48])
     hr = np.kron(lr, np.ones((s, s, 1), dtype=np.uint8))
-    return DecodedPair("shard-000000.tar", key, 0, hr, lr, 0, 0, Span(0, 0, 1))
+    return DecodedPair("shard-000000.tar", key, 0, hr, lr, 0, 0)
 
 
 @pytest.mark.parametrize("s", [2, 4])

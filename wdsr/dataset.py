@@ -20,7 +20,6 @@ from shardmaker.format import manifest as mf
 from wdsr import env
 from wdsr.config import DatasetConfig, Split
 from wdsr.decode import DecodedPair
-from wdsr.errors import SampleError
 from wdsr.handoff import BatchPool
 from wdsr.plan import Span, TrainPlan, slice_length, val_plan
 from wdsr.read import ShardReader
@@ -213,9 +212,9 @@ class SRDataset(IterableDataset):
 
     def _val(self, worker: int, nw: int) -> Iterator[ValSample]:
         items = val_plan(self._sizes(), self.world.size, max(1, nw))[self.world.rank * max(1, nw) + worker]
-        for shard, index in items:
-            for pair in self._source.pairs([Span(shard, index, index + 1)], worker):
-                if isinstance(pair, SampleError):
+        for ref in items:
+            for pair in self._source.pairs([Span(ref.shard_index, ref.sample, ref.sample + 1)], worker):
+                if pair is None:  # skipped (on_error="skip"), counted and logged by the policy
                     continue
                 yield self._val_sample(pair)
 

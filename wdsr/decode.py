@@ -20,7 +20,6 @@ from shardmaker.codecs import ImageDataError
 from shardmaker.format import headers
 from shardmaker.format.manifest import JSON_MEMBER, hr_member, lr_member, pair_fits
 from wdsr.errors import SampleError
-from wdsr.plan import Span
 from wdsr.read import RawSample
 
 
@@ -33,7 +32,6 @@ class DecodedPair:
     lr: np.ndarray
     decode_ns: int  # image decoding alone
     verify_ns: int  # checking member digests
-    loc: Span
 
 
 def wanted_members(codec: str, scale: int) -> frozenset[str]:
@@ -109,4 +107,4 @@ def decode_pair(
     if hr.dtype != lr.dtype or hr.shape[2:] != lr.shape[2:]:
         raise fail(f"HR {hr.dtype}{list(hr.shape[2:])} and LR {lr.dtype}{list(lr.shape[2:])} differ in depth or channels")
     hr = hr[: scale * lh, : scale * lw]
-    return DecodedPair(raw.shard, raw.key, raw.rep, hr, lr, time.perf_counter_ns() - t1, t1 - t0, raw.loc)
+    return DecodedPair(raw.shard, raw.key, raw.rep, hr, lr, time.perf_counter_ns() - t1, t1 - t0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,6 +30,15 @@ class Span:
 
     def __len__(self) -> int:
         return self.stop - self.start
+
+
+class SampleRef(NamedTuple):
+    """Sample ``sample`` (its place in the shard) of the shard at ``shard_index`` in the manifest;
+    ``rep`` as in :class:`Span`."""
+
+    shard_index: int
+    sample: int
+    rep: int = 0
 
 
 def shard_order(n_shards: int, seed: int, epoch: int) -> np.ndarray:
@@ -99,7 +109,7 @@ def slot_plan(shard_sizes: Sequence[int], seed: int, epoch: int, world_size: int
     return TrainPlan(shard_sizes, seed, epoch, world_size, num_workers).slot(slot)
 
 
-def val_plan(shard_sizes: Sequence[int], world_size: int, num_workers: int) -> list[list[tuple[int, int]]]:
+def val_plan(shard_sizes: Sequence[int], world_size: int, num_workers: int) -> list[list[SampleRef]]:
     """``(shard, sample)`` lists per slice: manifest order, each sample exactly once, no padding.
 
     A rank gets a contiguous block of the sequence; inside it, sample ``n`` goes to worker
@@ -108,8 +118,8 @@ def val_plan(shard_sizes: Sequence[int], world_size: int, num_workers: int) -> l
     """
     if world_size < 1 or num_workers < 1:
         raise ValueError(f"world_size and num_workers must be >= 1, got {world_size}, {num_workers}")
-    seq = [(s, i) for s, n in enumerate(shard_sizes) for i in range(n)]
-    out: list[list[tuple[int, int]]] = []
+    seq = [SampleRef(s, i) for s, n in enumerate(shard_sizes) for i in range(n)]
+    out: list[list[SampleRef]] = []
     for r in range(world_size):
         block = seq[r * len(seq) // world_size : (r + 1) * len(seq) // world_size]
         out += [block[w::num_workers] for w in range(num_workers)]

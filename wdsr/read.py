@@ -46,7 +46,6 @@ class RawSample:
     members: dict[str, bytes | memoryview]  # member suffix ("json", "hr.png", ...) -> data; only the wanted ones
     nbytes: int
     read_ns: int
-    loc: Span  # where it was read: this one sample, for reading it again
     hr_size: tuple[int, int] | None = None  # (w, h) the manifest promises for HR
 
 
@@ -273,7 +272,6 @@ def _raw_sample(
         members,
         sum(len(v) for v in members.values()),
         read_ns + time.perf_counter_ns() - t0,
-        Span(span.shard_index, i, i + 1, span.rep),
         (int(info.hr_sizes[i][0]), int(info.hr_sizes[i][1])),
     )
 

@@ -28,7 +28,7 @@ from wdsr.decode import DecodedPair, Verify, decode_pair, wanted_members
 from wdsr.errors import SampleError
 from wdsr.handoff import BatchPool, SlotRef
 from wdsr.patches import Patch, PatchConfig, cut_patches
-from wdsr.plan import Span, TrainPlan
+from wdsr.plan import SampleRef, Span, TrainPlan
 from wdsr.read import ShardReader
 from wdsr.shuffle import fast_forward, shuffled
 from wdsr.stats import SharedStats
@@ -69,8 +69,10 @@ class Source:
     stats: SharedStats
     errors: ErrorPolicy
 
-    def pairs(self, spans: Iterable[Span], worker: int, count: bool = True) -> Generator[DecodedPair | SampleError, None, None]:
-        """One item per sample of ``spans``, in order: the decoded pair, or (when skipping) its error."""
+    def pairs(self, spans: Iterable[Span], worker: int, count: bool = True) -> Generator[DecodedPair | None, None, None]:
+        """One item per sample of ``spans``, in order: the decoded pair, or None for a sample that
+        cannot be used. Its error has gone to the policy already (which raises it under ``fail``;
+        ``count=False``, for look-aheads, leaves the counting to the pass that reaches it)."""
         wanted = wanted_members(self.codec, self.scale)
         for span in spans:
             pos = span.start
@@ -86,7 +88,7 @@ class Source:
                                 self.errors(worker, exc)
                             elif self.errors.on_error is OnError.FAIL:
                                 raise
-                            yield exc
+                            yield None
                             continue
                         self.stats.add(worker, decode_ns=pair.decode_ns, verify_ns=pair.verify_ns)
                         yield pair
@@ -99,7 +101,7 @@ class Source:
                     elif self.errors.on_error is OnError.FAIL:
                         raise
                     for _ in range(lost):
-                        yield exc
+                        yield None
                     pos += lost
 
 
@@ -110,7 +112,7 @@ class TrainStream:
         self, source: Source, spec: PatchConfig, k: int, seed: int, epoch: int, plan: TrainPlan, slot: int, worker: int
     ) -> None:
         self.src, self.spec, self.k, self.seed, self.epoch, self.worker = source, spec, k, seed, epoch, worker
-        self.samples = [(sp.shard_index, i, sp.rep) for sp in plan[slot] for i in range(sp.start, sp.stop)]
+        self.samples = [SampleRef(sp.shard_index, i, sp.rep) for sp in plan[slot] for i in range(sp.start, sp.stop)]
         self.plan, self.slot = plan, slot
         self.total = len(self.samples) * k
         self._waiting: dict[int, list[int]] = {}  # sample -> its waiting js, at a resume
@@ -127,9 +129,9 @@ class TrainStream:
                 out.append(Span(shard, index, index + 1, rep))
         return out
 
-    def _usable(self, item: DecodedPair | SampleError, count: bool = True) -> DecodedPair | None:
+    def _usable(self, item: DecodedPair | None, count: bool = True) -> DecodedPair | None:
         """The pair if patches can be cut from it; a pair too small for one patch is a bad sample."""
-        if isinstance(item, SampleError):
+        if item is None:
             return None
         p = self.spec.patch_size // self.spec.scale
         lh, lw = item.lr.shape[:2]
@@ -166,7 +168,7 @@ class TrainStream:
         return out
 
     def _own(self, pair: DecodedPair, i: int, js: list[int]) -> list[Patch]:
-        rep = self.samples[i][2]
+        rep = self.samples[i].rep
         return self._cut(pair, [rep * self.k + j for j in js])
 
     def _stand_ins(self, pair: DecodedPair, good: int | None, bad: int, js: list[int]) -> list[Patch]:
@@ -197,7 +199,7 @@ class TrainStream:
                     return pair, None
         finally:
             items.close()
-        shard = self.src.reader.manifest.shards[self.samples[0][0]].name if self.samples else "(no shard)"
+        shard = self.src.reader.manifest.shards[self.samples[0].shard_index].name if self.samples else "(no shard)"
         raise SampleError(shard, None, "no sample of the dataset could be read; nothing to train on")
 
     def patches(self, start: int = 0) -> Iterator[Patch]:
