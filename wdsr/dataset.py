@@ -7,7 +7,7 @@ the batches already handed out and the shared-memory slots belong to the loader
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -17,7 +17,7 @@ from torch.utils.data import IterableDataset
 from shardmaker import _compat
 from shardmaker.errors import OnError
 from shardmaker.format import manifest as mf
-from wdsr import env
+from wdsr import env, urls
 from wdsr.config import DatasetConfig, Split
 from wdsr.decode import DecodedPair
 from wdsr.handoff import BatchPool
@@ -59,9 +59,10 @@ class SRDataset(IterableDataset):
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         config: DatasetConfig | None = None,
         *,
+        manifest: str | None = None,
         storage_options: dict[str, Any] | None = None,
         world: env.World | None = None,
         **options: Any,
@@ -70,13 +71,15 @@ class SRDataset(IterableDataset):
         if config is not None and not isinstance(config, DatasetConfig):
             raise TypeError(f"SRDataset({url!r}, ...): options are keyword-only (scale=..., patch_size=...), got {config!r}")
         self.config = DatasetConfig.from_options(config, **options)
-        self.url = url
-        self.manifest = mf.load(url, storage_options, compact=True)  # numpy columns: tens of MB at 1M samples
+        where = urls.resolve(url, manifest)
+        self.url = where.folder  # the dataset folder: the manifest and its shards
+        full = mf.load(where.folder, storage_options, compact=True, name=where.manifest)  # numpy columns
+        self.manifest = urls.select(full, where, storage_options)  # the shards a pattern or list chose
         if self.config.scale not in self.manifest.scales:
             raise ValueError(f"{url}: no x{self.config.scale} LR in this dataset (scales: {self.manifest.scales})")
         self.identity = self.manifest.digest  # sha256 of manifest.json: tells datasets apart in a saved state
         self.world = world if world is not None else env.current_world()
-        self.reader = ShardReader(url, self.manifest, storage_options, self.config.read_config())
+        self.reader = ShardReader(self.url, self.manifest, storage_options, self.config.read_config())
         self.stats = SharedStats()
         self._source = Source(
             self.reader,

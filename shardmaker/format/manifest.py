@@ -393,11 +393,11 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def load(url: str, storage_options: dict[str, Any] | None = None, compact: bool = False) -> Manifest:
+def load(url: str, storage_options: dict[str, Any] | None = None, compact: bool = False, name: str = MANIFEST) -> Manifest:
     """Read ``URL/manifest.json`` (URL is the dataset folder); ``compact``: per-sample data in
     numpy columns (what the streaming reader holds in every process)."""
     fs, root = storage.open_dir(url, storage_options)
-    path = storage.join(root, MANIFEST)
+    path = storage.join(root, name)
     try:
         raw = storage.read_bytes(fs, path)
     except FileNotFoundError:

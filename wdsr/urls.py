@@ -1,0 +1,88 @@
+"""What WebDataset users write, turned into a dataset folder and the shards to stream.
+
+``SRDataset`` accepts a dataset folder or prefix (with its ``manifest.json``), a brace pattern of
+shard URLs (``s3://bucket/ds/shard-{000000..000127}.tar``, expanded with ``braceexpand``), or a
+list of shard URLs. The manifest is the one beside the shards, or the one given with
+``manifest=``; the shards must be in its folder (a shard's location is always ``folder + "/" +
+name``, see ``docs/format.md``) and listed by it. The dataset is then those shards, in the
+manifest's order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import posixpath
+from collections.abc import Sequence
+from typing import Any
+
+from braceexpand import braceexpand
+
+from shardmaker import storage
+from shardmaker.format import manifest as mf
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    folder: str  # the dataset folder URL: where the manifest and the shards are
+    manifest: str  # the manifest's file name in it
+    shards: tuple[str, ...] | None  # shard names chosen by the URLs; None: every shard of the manifest
+
+
+def _is_shard_spec(url: str) -> bool:
+    return "{" in url or url.rstrip("/").endswith(".tar")
+
+
+def _split(url: str) -> tuple[str, str]:
+    """``(folder URL, name)`` of a file URL, keeping the protocol."""
+    head, _, name = url.rstrip("/").rpartition("/")
+    if not head or not name:
+        raise ValueError(f"{url}: not a file URL (expected .../NAME)")
+    return head, name
+
+
+def resolve(spec: str | Sequence[str], manifest: str | None = None) -> Resolved:
+    """The dataset folder, manifest name and chosen shards for ``spec`` (see the module docstring)."""
+    if isinstance(spec, str) and not _is_shard_spec(spec):
+        if manifest is not None:
+            folder, name = _split(manifest)
+            if folder.rstrip("/") != spec.rstrip("/"):
+                raise ValueError(f"manifest={manifest!r} is not in the dataset folder {spec!r}")
+            return Resolved(folder, name, None)
+        return Resolved(spec, mf.MANIFEST, None)
+    urls = list(braceexpand(spec)) if isinstance(spec, str) else [u for item in spec for u in braceexpand(item)]
+    if not urls:
+        raise ValueError("no shard URLs given")
+    folders, names = zip(*(_split(u) for u in urls), strict=True)
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise ValueError(f"shard {dup} is given twice")
+    folder = folders[0]
+    if manifest is not None:
+        folder, name = _split(manifest)
+    else:
+        name = mf.MANIFEST
+    for url, f in zip(urls, folders, strict=True):
+        if f.rstrip("/") != folder.rstrip("/"):
+            raise ValueError(f"{url}: not in {folder}, the folder of the manifest; a dataset's shards live beside its manifest")
+    return Resolved(folder, name, tuple(names))
+
+
+def select(m: mf.Manifest, r: Resolved, storage_options: dict[str, Any] | None = None) -> mf.Manifest:
+    """The manifest cut down to the chosen shards (manifest order); a URL the manifest does not list
+    or that is not there is named."""
+    if r.shards is None:
+        return m
+    listed = {s.name: s for s in m.shards}
+    for name in r.shards:
+        if name not in listed:
+            raise ValueError(f"{storage.join(r.folder, name)}: not listed in {storage.join(r.folder, r.manifest)}")
+    fs, root = storage.open_dir(r.folder, storage_options)
+    present = {posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)}
+    for name in r.shards:
+        if name not in present:
+            raise FileNotFoundError(f"{storage.join(r.folder, name)}: no such shard (the manifest lists it)")
+    chosen = set(r.shards)
+    names = [s.name for s in m.shards if s.name in chosen]
+    identity = hashlib.sha256("\n".join([m.digest, *names]).encode()).hexdigest()  # the file and the shards chosen
+    return dataclasses.replace(m, shards=[s for s in m.shards if s.name in chosen], identity=identity)
