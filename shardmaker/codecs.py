@@ -195,8 +195,34 @@ def encode(arr: np.ndarray, codec: Codec, png_level: int = 1) -> bytes:
     return _encode_png(arr, png_level)
 
 
+def _decode_jpeg(data: bytes) -> np.ndarray:
+    """libjpeg-turbo through simplejpeg where it is installed (the ``jpeg`` extra), else Pillow."""
+    try:
+        import simplejpeg
+    except ImportError:
+        return _decode_pillow(data)
+    try:
+        h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        limit = 2 * (Image.MAX_IMAGE_PIXELS or 0)
+        if limit and h * w > limit:  # the same bound as Pillow's, checked from the header before decoding
+            raise ImageDataError(f"{w}x{h} is over Pillow's own limit of {limit} pixels (PIL.Image.MAX_IMAGE_PIXELS)")
+        grey = str(colorspace).lower() in ("gray", "grey")
+        arr = simplejpeg.decode_jpeg(data, colorspace="GRAY" if grey else "RGB")
+    except ValueError as exc:
+        raise ImageDataError(f"corrupt or truncated JPEG ({exc})") from None
+    return arr[:, :, 0] if arr.ndim == 3 and arr.shape[2] == 1 else arr
+
+
+# the decoder of a member, by the last part of its extension ("x4.jpg" -> "jpg"); anything else is
+# refused: a member is never unpickled or loaded as code, whatever its name says
+_MEMBER_DECODERS = {"jpg": _decode_jpeg, "jpeg": _decode_jpeg, "webp": _decode_pillow}
+MEMBER_EXTENSIONS = ("png", "qoi", "jpg", "jpeg", "webp")
+
+
 def decode(data: bytes | memoryview, ext: str) -> np.ndarray:
-    """Decode a shard member by its extension (``png`` or ``qoi``); QOI decodes straight from a view."""
+    """Decode a shard member by its extension: ``png`` (8/16-bit), ``qoi`` (straight from a view),
+    ``jpg``/``jpeg`` (libjpeg-turbo, else Pillow), ``webp``; ``x4.jpg`` counts as ``jpg``."""
+    ext = ext.rsplit(".", 1)[-1].lower()
     if ext == Codec.QOI.value:
         try:
             return qoi.decode(data)
@@ -204,4 +230,6 @@ def decode(data: bytes | memoryview, ext: str) -> np.ndarray:
             raise ImageDataError(f"corrupt QOI data ({exc})") from None
     if ext == Codec.PNG.value:
         return _normalise(_decode_png(data if isinstance(data, bytes) else bytes(data)), drop_alpha=False)
-    raise ImageDataError(f"unknown member extension {ext!r}")
+    if ext in _MEMBER_DECODERS:
+        return _normalise(_MEMBER_DECODERS[ext](data if isinstance(data, bytes) else bytes(data)), drop_alpha=False)
+    raise ImageDataError(f"unknown member extension {ext!r} (decoders: {', '.join(MEMBER_EXTENSIONS)})")

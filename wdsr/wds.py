@@ -1,0 +1,142 @@
+"""wdsr's stages for ``webdataset`` pipelines: for users who keep their own ``wds.DataPipeline``.
+
+    import webdataset as wds, wdsr.wds as sr
+    pipeline = wds.DataPipeline(
+        wds.SimpleShardList("s3://bucket/ds/shard-{000000..000127}.tar"),  # or wds.ResampledShards
+        wds.split_by_node, wds.split_by_worker, wds.tarfile_to_samples(),
+        wds.map(sr.decode_pair(scale=4)),                       # one decode per HR/LR pair
+        sr.patches(k=16, patch_size=192, scale=4, seed=0),     # k aligned patches, dihedral augment
+        wds.shuffle(1024),
+        sr.batched(16),                                        # uint8 tensors lr [16,C,48,48], hr [16,C,192,192]
+    )
+
+``decode_pair`` reads our shards (``hr.png``/``hr.qoi`` + ``lr_x{s}.*``, digests checked against
+``{key}.json``) and anyone's (``hr="jpg", lr="x4.jpg"``: any member names; the extension picks the
+decoder: PNG, QOI, JPEG, WebP). Patches come from the same seeded generator as ``SRDataset``'s,
+keyed by (seed, epoch, sample key, j), with the same alignment and flat-patch rejection.
+
+What WebDataset's own splitting does not give (and ``SRDataset`` does): ``split_by_node`` and
+``split_by_worker`` deal whole shards round-robin, so ranks get unequal numbers of batches when
+shards do not divide evenly (DDP then hangs at the end of an epoch unless you cap the steps, e.g.
+``.with_epoch(n)`` on ``wds.WebDataset``), every worker needs at least one shard, and a restart
+begins the epoch again (no exact resume).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+import xxhash
+
+from shardmaker.codecs import ImageDataError, decode
+from shardmaker.format import headers
+from wdsr.decode import DecodedPair
+from wdsr.errors import SampleError
+from wdsr.patches import Patch, PatchConfig, cut_patches
+
+
+def _member(sample: dict[str, Any], want: str | None, prefix: str) -> str:
+    if want is not None:
+        if want not in sample:
+            raise SampleError(str(sample.get("__url__", "?")), sample.get("__key__"), f"has no {want!r} member")
+        return want
+    found = sorted(k for k in sample if k.startswith(prefix))
+    if not found:
+        raise SampleError(str(sample.get("__url__", "?")), sample.get("__key__"), f"has no {prefix}* member")
+    return found[0]
+
+
+def decode_pair(
+    scale: int,
+    hr: str | None = None,
+    lr: str | None = None,
+    verify: bool = True,
+    max_pixels: int = headers.DEFAULT_MAX_PIXELS,
+) -> Callable[[dict[str, Any]], DecodedPair]:
+    """A ``wds.map`` function: a sample dict -> the decoded, aligned pair.
+
+    ``hr``/``lr`` name the members (default: ``hr.*`` and ``lr_x{scale}.*``, as in our shards). An
+    HR whose size is not ``scale`` x LR is cropped to it when it is at most ``scale - 1`` pixels
+    larger (a mod-crop), else refused. With ``verify`` and a ``json`` member carrying ``xxh3_64``
+    digests (our shards), the members are checked first.
+    """
+
+    def fn(sample: dict[str, Any]) -> DecodedPair:
+        url, key = str(sample.get("__url__", "?")), str(sample.get("__key__", "?"))
+        hr_name = _member(sample, hr, "hr.")
+        lr_name = _member(sample, lr, f"lr_x{scale}.")
+        if verify and isinstance(sample.get("json"), (bytes, bytearray)):
+            try:
+                digests = json.loads(sample["json"]).get("xxh3_64", {})
+            except (ValueError, AttributeError, RecursionError):
+                raise SampleError(url, key, "json member is not a JSON object") from None
+            for name in (hr_name, lr_name):
+                want = digests.get(name) if isinstance(digests, dict) else None
+                if want is not None and xxhash.xxh3_64_hexdigest(sample[name]) != want:
+                    raise SampleError(url, key, f"{name} does not match its xxh3_64 in {key}.json (corrupt shard)")
+        try:
+            hr_img, lr_img = decode(sample[hr_name], hr_name), decode(sample[lr_name], lr_name)
+        except ImageDataError as exc:
+            raise SampleError(url, key, str(exc)) from None
+        lh, lw = lr_img.shape[:2]
+        hh, hw = hr_img.shape[:2]
+        if lh * lw > max_pixels or hh * hw > max_pixels:
+            raise SampleError(url, key, f"over max_pixels={max_pixels}")
+        if hr_img.ndim != lr_img.ndim or hr_img.dtype != lr_img.dtype:
+            raise SampleError(url, key, f"HR {hr_img.shape} {hr_img.dtype} and LR {lr_img.shape} {lr_img.dtype} differ in layout")
+        if not (0 <= hh - scale * lh < scale and 0 <= hw - scale * lw < scale):
+            raise SampleError(url, key, f"HR {hw}x{hh} is not {scale} x LR {lw}x{lh}")
+        return DecodedPair(url, key, 0, np.ascontiguousarray(hr_img[: scale * lh, : scale * lw]), lr_img, 0, 0)
+
+    return fn
+
+
+def patches(
+    k: int,
+    patch_size: int,
+    scale: int,
+    seed: int = 0,
+    epoch: int | Callable[[], int] = 0,
+    augment: bool = True,
+    min_patch_std: float | None = None,
+    max_tries: int = 10,
+) -> Callable[[Iterable[DecodedPair]], Iterator[Patch]]:
+    """A pipeline stage: each decoded pair -> its ``k`` aligned patches (patch j of a key in an
+    epoch is the one ``SRDataset`` would cut). ``epoch`` may be a callable read at each pair."""
+    spec = PatchConfig(scale, patch_size, augment, min_patch_std, max_tries)
+
+    def stage(pairs: Iterable[DecodedPair]) -> Iterator[Patch]:
+        for pair in pairs:
+            e = epoch() if callable(epoch) else epoch
+            got, _ = cut_patches(pair, spec, seed, e, 0, k)
+            yield from got
+
+    return stage
+
+
+@dataclasses.dataclass(frozen=True)
+class _Batched:
+    batch_size: int
+    keys: bool
+
+    def __call__(self, items: Iterable[Patch]) -> Iterator[tuple[Any, ...]]:
+        batch: list[Patch] = []
+        for patch in items:
+            batch.append(patch)
+            if len(batch) == self.batch_size:
+                lr = torch.from_numpy(np.stack([p.lr for p in batch]))
+                hr = torch.from_numpy(np.stack([p.hr for p in batch]))
+                yield (lr, hr, [p.key for p in batch]) if self.keys else (lr, hr)
+                batch = []
+
+
+def batched(batch_size: int, return_keys: bool = False) -> Callable[[Iterable[Patch]], Iterator[tuple[Any, ...]]]:
+    """A pipeline stage: patches -> ``(lr [B,C,p,p], hr [B,C,sp,sp])`` uint8/uint16 tensors (and
+    the keys); a last partial batch is dropped. Keep them integer until on the device
+    (``wdsr.to_float``)."""
+    return _Batched(batch_size, return_keys)
