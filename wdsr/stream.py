@@ -266,21 +266,61 @@ class TrainStream:
 class ElasticPlan:
     """The rest of an epoch that ``old_world x old_workers`` slots had run ``batches`` batches
     into (per rank), re-planned over ``slots`` new slots: the remaining positions of every old
-    slot, in old-slot and position order, cut into ``slots`` equal runs of ``per_slot``."""
+    slot, in old-slot and position order, cut into ``slots`` equal runs of ``per_slot``.
 
-    old_world: int
-    old_workers: int
-    batches: int
+    How many positions an old slot has left is known without replaying its shuffle (everything
+    not yet handed out), so a new slot replays only the one or two old slots its run overlaps."""
+
+    sizes: tuple[int, ...]
+    seed: int
+    epoch: int
+    k: int
+    shuffle_buffer: int
+    batch_size: int
+    origin: tuple[int, int, int]  # old world size, old workers, batches per rank
     slots: int
-    items: np.ndarray  # [R, 2]: (old slot, position)
-    per_slot: int
+    remaining: np.ndarray  # per old slot: positions not handed out
+    length: int  # samples per old slot
+
+    @property
+    def per_slot(self) -> int:
+        return int(self.remaining.sum()) // self.slots
 
     @property
     def dropped(self) -> int:
-        return len(self.items) - self.per_slot * self.slots
+        return int(self.remaining.sum()) - self.per_slot * self.slots
+
+    def _positions(self, old_slot: int) -> np.ndarray:
+        """The positions old slot ``old_slot`` had not handed out, in order (its shuffle replayed)."""
+        nw = max(1, self.origin[1])
+        r, w = divmod(old_slot, nw)
+        done = max(0, (self.origin[2] - w + nw - 1) // nw)
+        total = self.length * self.k
+        rng = np.random.default_rng([self.seed, self.epoch, r, w, 0x5348])
+        at = fast_forward(self.shuffle_buffer, rng, total, done * self.batch_size)
+        waiting = np.array(at.buffer if at.tail is None else at.tail, dtype=np.int64)
+        rest = np.arange(at.next_input, total, dtype=np.int64) if at.tail is None else np.empty(0, np.int64)
+        return np.sort(np.concatenate([waiting, rest]))
 
     def chunk(self, slot: int) -> np.ndarray:
-        return self.items[slot * self.per_slot : (slot + 1) * self.per_slot]
+        """``[per_slot, 2]`` (old slot, position) items of new slot ``slot``."""
+        begin, end = slot * self.per_slot, (slot + 1) * self.per_slot
+        starts = np.concatenate([[0], np.cumsum(self.remaining)])
+        parts = []
+        for old in range(len(self.remaining)):
+            lo, hi = max(begin, int(starts[old])), min(end, int(starts[old + 1]))
+            if lo < hi:
+                pos = self._positions(old)[lo - int(starts[old]) : hi - int(starts[old])]
+                parts.append(np.stack([np.full(len(pos), old, dtype=np.int64), pos], axis=1))
+        return np.concatenate(parts) if parts else np.empty((0, 2), np.int64)
+
+    @property
+    def items(self) -> np.ndarray:
+        """Every remaining item (all old slots replayed): for the counts of a report."""
+        parts = [
+            np.stack([np.full(n, old, dtype=np.int64), self._positions(old)], axis=1) for old, n in enumerate(self.remaining)
+        ]
+        return np.concatenate(parts) if parts else np.empty((0, 2), np.int64)
 
 
 def elastic_plan(
@@ -296,20 +336,10 @@ def elastic_plan(
     """See :class:`ElasticPlan`; ``origin`` is (old world size, old workers, batches per rank)."""
     old_world, old_workers, batches = origin
     nw = max(1, old_workers)
-    plan = TrainPlan(sizes, seed, epoch, old_world, nw)
-    parts = []
-    for r in range(old_world):
-        for w in range(nw):
-            slot = r * nw + w
-            length = sum(len(sp) for sp in plan[slot])
-            done = max(0, (batches - w + nw - 1) // nw)
-            at = fast_forward(shuffle_buffer, np.random.default_rng([seed, epoch, r, w, 0x5348]), length * k, done * batch_size)
-            waiting = np.array(at.buffer if at.tail is None else at.tail, dtype=np.int64)
-            rest = np.arange(at.next_input, length * k, dtype=np.int64) if at.tail is None else np.empty(0, np.int64)
-            pos = np.sort(np.concatenate([waiting, rest]))
-            parts.append(np.stack([np.full(len(pos), slot, dtype=np.int64), pos], axis=1))
-    items = np.concatenate(parts) if parts else np.empty((0, 2), np.int64)
-    return ElasticPlan(old_world, old_workers, batches, slots, items, len(items) // slots)
+    length = TrainPlan(sizes, seed, epoch, old_world, nw).length
+    done = np.array([max(0, (batches - w + nw - 1) // nw) for _ in range(old_world) for w in range(nw)], dtype=np.int64)
+    remaining = length * k - done * batch_size
+    return ElasticPlan(tuple(sizes), seed, epoch, k, shuffle_buffer, batch_size, origin, slots, remaining, length)
 
 
 class ChunkStream:
