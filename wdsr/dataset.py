@@ -7,6 +7,9 @@ the batches already handed out and the shared-memory slots belong to the loader
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -21,10 +24,20 @@ from wdsr import env, urls
 from wdsr.config import DatasetConfig, Split
 from wdsr.decode import DecodedPair
 from wdsr.handoff import BatchPool
-from wdsr.plan import Span, TrainPlan, slice_length, val_plan
+from wdsr.plan import Span, TrainPlan, mix_counts, mix_segments, slice_length, val_plan
 from wdsr.read import ShardReader
 from wdsr.stats import SharedStats
-from wdsr.stream import ChunkStream, ElasticPlan, ErrorPolicy, Source, TrainStream, collate, elastic_plan, train_batches
+from wdsr.stream import (
+    ChunkStream,
+    ElasticPlan,
+    ErrorPolicy,
+    MixSource,
+    Source,
+    TrainStream,
+    collate,
+    elastic_plan,
+    train_batches,
+)
 from wdsr.tiles import tile_boxes
 
 __all__ = ["DatasetConfig", "OnError", "SRDataset", "Split", "ValSample", "collate"]
@@ -63,6 +76,8 @@ class SRDataset(IterableDataset):
         config: DatasetConfig | None = None,
         *,
         manifest: str | None = None,
+        weights: Sequence[float] | None = None,
+        epoch_samples: int | None = None,
         storage_options: dict[str, Any] | None = None,
         world: env.World | None = None,
         **options: Any,
@@ -71,25 +86,32 @@ class SRDataset(IterableDataset):
         if config is not None and not isinstance(config, DatasetConfig):
             raise TypeError(f"SRDataset({url!r}, ...): options are keyword-only (scale=..., patch_size=...), got {config!r}")
         self.config = DatasetConfig.from_options(config, **options)
-        where = urls.resolve(url, manifest)
-        self.url = where.folder  # the dataset folder: the manifest and its shards
-        full = mf.load(where.folder, storage_options, compact=True, name=where.manifest)  # numpy columns
-        self.manifest = urls.select(full, where, storage_options)  # the shards a pattern or list chose
-        if self.config.scale not in self.manifest.scales:
-            raise ValueError(f"{url}: no x{self.config.scale} LR in this dataset (scales: {self.manifest.scales})")
-        self.identity = self.manifest.digest  # sha256 of manifest.json: tells datasets apart in a saved state
         self.world = world if world is not None else env.current_world()
-        self.reader = ShardReader(self.url, self.manifest, storage_options, self.config.read_config())
         self.stats = SharedStats()
-        self._source = Source(
-            self.reader,
-            self.manifest.codec,
-            self.config.scale,
-            self.config.verify,
-            self.config.max_pixels,
-            self.stats,
-            ErrorPolicy(self.config.on_error, self.stats),
-        )
+        errors = ErrorPolicy(self.config.on_error, self.stats)
+        folders = urls.dataset_folders(url)
+        if folders is None:  # one dataset: a folder, or shards chosen by a pattern or list
+            if weights is not None or epoch_samples is not None:
+                raise ValueError("weights= and epoch_samples= mix several datasets: give a list of dataset folders")
+            where = urls.resolve(url, manifest)
+            full = mf.load(where.folder, storage_options, compact=True, name=where.manifest)  # numpy columns
+            parts = [(where.folder, urls.select(full, where, storage_options))]
+        else:
+            if manifest is not None:
+                raise ValueError("manifest= names one dataset's manifest; a mix reads each folder's own")
+            parts = [(f, mf.load(f, storage_options, compact=True)) for f in folders]
+        sources = []
+        for folder, m in parts:
+            if self.config.scale not in m.scales:
+                raise ValueError(f"{folder}: no x{self.config.scale} LR in this dataset (scales: {m.scales})")
+            reader = ShardReader(folder, m, storage_options, self.config.read_config())
+            sources.append(
+                Source(reader, m.codec, self.config.scale, self.config.verify, self.config.max_pixels, self.stats, errors)
+            )
+        self.url = parts[0][0]  # the (first) dataset folder
+        self.reader = sources[0].reader
+        self.manifest, self._source, self.mix = _combine(parts, sources, weights, epoch_samples)
+        self.identity = self.manifest.digest  # tells datasets (and mixes) apart in a saved state
         self._epoch_request = (0, 0)  # (times set_epoch was called, epoch): loaders pick it up
 
     def __repr__(self) -> str:
@@ -119,15 +141,28 @@ class SRDataset(IterableDataset):
     def _sizes(self) -> list[int]:
         return [s.samples for s in self.manifest.shards]
 
+    @property
+    def epoch_samples(self) -> int:
+        """Samples per training epoch: the dataset's, or the sum of a mix's per-source counts."""
+        return self.manifest.samples if self.mix is None else sum(self.mix.counts)
+
+    def train_plan(self, epoch: int, world_size: int, num_workers: int) -> TrainPlan:
+        """The epoch's plan for ``world_size x num_workers`` slots (a mix's sources laid out together)."""
+        c = self.config
+        if self.mix is None:
+            return TrainPlan(self._sizes(), c.seed, epoch, world_size, max(1, num_workers))
+        segments = mix_segments(self.mix.sizes, self.mix.counts, c.seed, epoch)
+        return TrainPlan((), c.seed, epoch, world_size, max(1, num_workers), segments=segments)
+
     def samples_per_worker(self, num_workers: int = 0) -> int:
-        return slice_length(self.manifest.samples, self.world.size * max(1, num_workers))
+        return slice_length(self.epoch_samples, self.world.size * max(1, num_workers))
 
     def batches_per_worker(self, num_workers: int = 0) -> int:
         return self.samples_per_worker(num_workers) * self.config.patches_per_image // self.config.batch_size
 
     def batches_per_worker_in(self, world_size: int, num_workers: int) -> int:
         """Batches per worker of a loader with ``num_workers`` workers in a world of ``world_size`` ranks."""
-        per = slice_length(self.manifest.samples, world_size * max(1, num_workers))
+        per = slice_length(self.epoch_samples, world_size * max(1, num_workers))
         return per * self.config.patches_per_image // self.config.batch_size
 
     def __len__(self) -> int:
@@ -184,12 +219,12 @@ class SRDataset(IterableDataset):
         slot = self.world.rank * nw + as_worker
         stream: TrainStream | ChunkStream
         if origin is None:
-            plan = TrainPlan(self._sizes(), c.seed, epoch, self.world.size, nw)
+            plan = self.train_plan(epoch, self.world.size, nw)
             stream = TrainStream(self._source, c.patch_config(), c.patches_per_image, c.seed, epoch, plan, slot, worker)
             rng = np.random.default_rng([c.seed, epoch, self.world.rank, as_worker, 0x5348])
         else:
             el = self.elastic_plan(epoch, origin, nw)
-            old = TrainPlan(self._sizes(), c.seed, epoch, origin[0], max(1, origin[1]))
+            old = self.train_plan(epoch, origin[0], origin[1])
             chunk = el.chunk(slot)
             streams = {
                 int(s): TrainStream(self._source, c.patch_config(), c.patches_per_image, c.seed, epoch, old, int(s), worker)
@@ -203,7 +238,7 @@ class SRDataset(IterableDataset):
         """The rest of ``epoch`` after ``origin`` = (world size, workers, batches per rank), over this world."""
         c = self.config
         return elastic_plan(
-            self._sizes(),
+            self.train_plan(epoch, origin[0], origin[1]).length,
             c.seed,
             epoch,
             c.patches_per_image,
@@ -235,6 +270,42 @@ class SRDataset(IterableDataset):
         lr_t = torch.from_numpy(_nchw(lr))
         hr_t = torch.from_numpy(_nchw(hr))
         return ValSample(lr_t, hr_t, pair.key, boxes, (lw, lh))
+
+
+@dataclasses.dataclass(frozen=True)
+class Mix:
+    """Several datasets streamed as one: each source's shard sizes, its samples per epoch, its weight."""
+
+    folders: tuple[str, ...]
+    sizes: tuple[tuple[int, ...], ...]
+    counts: tuple[int, ...]
+    weights: tuple[float, ...] | None
+
+
+def _combine(
+    parts: list[tuple[str, mf.Manifest]], sources: list[Source], weights: Sequence[float] | None, epoch_samples: int | None
+) -> tuple[mf.Manifest, Source | MixSource, Mix | None]:
+    """One manifest-like view over the parts (shards numbered one source after the other), the
+    source that reads them, and the mix (None for a single dataset)."""
+    if len(parts) == 1 and weights is None and epoch_samples is None:
+        return parts[0][1], sources[0], None
+    if epoch_samples is not None and epoch_samples < 1:
+        raise ValueError(f"epoch_samples must be >= 1, got {epoch_samples}")
+    sizes = tuple(tuple(s.samples for s in m.shards) for _, m in parts)
+    counts = tuple(mix_counts([m.samples for _, m in parts], weights, epoch_samples))
+    mix = Mix(tuple(f for f, _ in parts), sizes, counts, tuple(float(w) for w in weights) if weights is not None else None)
+    codecs = sorted({m.codec for _, m in parts})
+    doc = json.dumps({"mix": [m.digest for _, m in parts], "counts": counts, "weights": mix.weights}, sort_keys=True)
+    first = parts[0][1]
+    combined = mf.Manifest(
+        codecs[0] if len(codecs) == 1 else "+".join(codecs),
+        sorted(set.intersection(*(set(m.scales) for _, m in parts))),
+        first.lr_method,
+        [s for _, m in parts for s in m.shards],
+        {"mix": list(mix.folders), "counts": list(counts)},
+        identity=hashlib.sha256(doc.encode()).hexdigest(),
+    )
+    return combined, MixSource(sources), mix
 
 
 def _nchw(a: np.ndarray) -> np.ndarray:

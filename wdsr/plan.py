@@ -57,13 +57,27 @@ class TrainPlan:
     sample sequence. A slot's spans come on demand (:meth:`slot`), so a worker pays for its own
     slot only, not for all ``world_size x num_workers`` of them."""
 
-    def __init__(self, shard_sizes: Sequence[int], seed: int, epoch: int, world_size: int, num_workers: int) -> None:
+    def __init__(
+        self,
+        shard_sizes: Sequence[int],
+        seed: int,
+        epoch: int,
+        world_size: int,
+        num_workers: int,
+        segments: np.ndarray | None = None,
+    ) -> None:
+        """``segments`` (a mix, see :func:`mix_segments`): ``[n, 4]`` rows (shard, first sample,
+        count, rep) laid out in that order instead of the shards permuted by (seed, epoch)."""
         if world_size < 1 or num_workers < 1:
             raise ValueError(f"world_size and num_workers must be >= 1, got {world_size}, {num_workers}")
-        sizes = np.asarray(shard_sizes, dtype=np.int64)
-        order = shard_order(len(sizes), seed, epoch)
-        keep = order[sizes[order] > 0]
-        self._shards, self._counts = keep, sizes[keep]
+        if segments is None:
+            sizes = np.asarray(shard_sizes, dtype=np.int64)
+            order = shard_order(len(sizes), seed, epoch)
+            keep = order[sizes[order] > 0]
+            segments = np.stack([keep, np.zeros_like(keep), sizes[keep], np.zeros_like(keep)], axis=1)
+        segments = segments[segments[:, 2] > 0]
+        self._shards, self._firsts, self._counts, self._reps = (segments[:, c] for c in range(4))
+        self._rep_span = int(self._reps.max()) + 1 if len(segments) else 1  # a wrap-around repeats with new patch indices
         self._starts = np.concatenate([[0], np.cumsum(self._counts)])
         self.total = int(self._starts[-1])
         self.slots = world_size * num_workers
@@ -83,11 +97,12 @@ class TrainPlan:
         out: list[Span] = []
         pos, end = slot * self.length, (slot + 1) * self.length
         while pos < end:
-            rep, p = divmod(pos, self.total)
+            wrap, p = divmod(pos, self.total)
             i = int(np.searchsorted(self._starts, p, side="right")) - 1
-            first = p - int(self._starts[i])
-            take = min(int(self._counts[i]) - first, end - pos)
-            out.append(Span(int(self._shards[i]), first, first + take, rep))
+            into = p - int(self._starts[i])
+            take = min(int(self._counts[i]) - into, end - pos)
+            first = int(self._firsts[i]) + into
+            out.append(Span(int(self._shards[i]), first, first + take, int(self._reps[i]) + wrap * self._rep_span))
             pos += take
         return out
 
@@ -96,6 +111,46 @@ class TrainPlan:
         when every sample of ``slot`` failed)."""
         for t in list(range(slot + 1, self.slots)) + list(range(slot)):
             yield from self.slot(t)
+
+
+def mix_segments(sources: Sequence[Sequence[int]], counts: Sequence[int], seed: int, epoch: int) -> np.ndarray:
+    """The layout of a mix: source ``i`` (its shard sizes, numbered after the previous sources'
+    shards) gives ``counts[i]`` samples this epoch, from its own (seed, epoch) shard order, wrapping
+    around (with the next ``rep``) when it gives more than it has; then every source's segments are
+    permuted together by (seed, epoch), so sources mix at shard granularity."""
+    rows = []
+    base = 0
+    for i, (sizes, want) in enumerate(zip(sources, counts, strict=True)):
+        sz = np.asarray(sizes, dtype=np.int64)
+        order = np.random.default_rng([seed, epoch, i, 0x4D49]).permutation(len(sz))
+        order = order[sz[order] > 0]
+        left, rep = int(want), 0
+        while left > 0 and len(order):
+            for sh in order:
+                take = min(int(sz[sh]), left)
+                rows.append((base + int(sh), 0, take, rep))
+                left -= take
+                if not left:
+                    break
+            rep += 1
+        base += len(sz)
+    seg = np.array(rows, dtype=np.int64).reshape(-1, 4)
+    return seg[np.random.default_rng([seed, epoch, 0x5345]).permutation(len(seg))]
+
+
+def mix_counts(samples: Sequence[int], weights: Sequence[float] | None, total: int | None = None) -> list[int]:
+    """Samples each source gives per epoch: all of each without weights; else the largest-remainder
+    shares of ``total`` (default: the union's size) by weight."""
+    if weights is None:
+        return [int(n) for n in samples]
+    if len(weights) != len(samples) or any(w < 0 for w in weights) or not sum(weights) > 0:
+        raise ValueError(f"weights must be one non-negative number per source, not all 0, got {list(weights)}")
+    total = sum(samples) if total is None else total
+    exact = [total * w / sum(weights) for w in weights]
+    out = [int(x) for x in exact]
+    for i in sorted(range(len(exact)), key=lambda i: out[i] - exact[i])[: total - sum(out)]:
+        out[i] += 1
+    return out
 
 
 def train_plan(shard_sizes: Sequence[int], seed: int, epoch: int, world_size: int, num_workers: int) -> list[list[Span]]:

@@ -69,6 +69,9 @@ class Source:
     stats: SharedStats
     errors: ErrorPolicy
 
+    def shard_name(self, index: int) -> str:
+        return self.reader.manifest.shards[index].name
+
     def pairs(self, spans: Iterable[Span], worker: int, count: bool = True) -> Generator[DecodedPair | None, None, None]:
         """One item per sample of ``spans``, in order: the decoded pair, or None for a sample that
         cannot be used. Its error has gone to the policy already (which raises it under ``fail``;
@@ -105,11 +108,37 @@ class Source:
                     pos += lost
 
 
+class MixSource:
+    """Several datasets' sources behind one numbering of their shards (one source after the other)."""
+
+    def __init__(self, sources: list[Source]) -> None:
+        self.sources = sources
+        self.errors, self.stats = sources[0].errors, sources[0].stats  # shared by all: one dataset's
+        self._where = [(i, local) for i, s in enumerate(sources) for local in range(len(s.reader.manifest.shards))]
+
+    def shard_name(self, index: int) -> str:
+        i, local = self._where[index]
+        return self.sources[i].shard_name(local)
+
+    def pairs(self, spans: Iterable[Span], worker: int, count: bool = True) -> Generator[DecodedPair | None, None, None]:
+        for span in spans:
+            i, local = self._where[span.shard_index]
+            yield from self.sources[i].pairs([Span(local, span.start, span.stop, span.rep)], worker, count)
+
+
 class TrainStream:
     """The patches of one worker slot for one epoch, by position (see the module docstring)."""
 
     def __init__(
-        self, source: Source, spec: PatchConfig, k: int, seed: int, epoch: int, plan: TrainPlan, slot: int, worker: int
+        self,
+        source: Source | MixSource,
+        spec: PatchConfig,
+        k: int,
+        seed: int,
+        epoch: int,
+        plan: TrainPlan,
+        slot: int,
+        worker: int,
     ) -> None:
         self.src, self.spec, self.k, self.seed, self.epoch, self.worker = source, spec, k, seed, epoch, worker
         self.samples = [SampleRef(sp.shard_index, i, sp.rep) for sp in plan[slot] for i in range(sp.start, sp.stop)]
@@ -199,7 +228,7 @@ class TrainStream:
                     return pair, None
         finally:
             items.close()
-        shard = self.src.reader.manifest.shards[self.samples[0].shard_index].name if self.samples else "(no shard)"
+        shard = self.src.shard_name(self.samples[0].shard_index) if self.samples else "(no shard)"
         raise SampleError(shard, None, "no sample of the dataset could be read; nothing to train on")
 
     def patches(self, start: int = 0) -> Iterator[Patch]:
@@ -271,7 +300,6 @@ class ElasticPlan:
     How many positions an old slot has left is known without replaying its shuffle (everything
     not yet handed out), so a new slot replays only the one or two old slots its run overlaps."""
 
-    sizes: tuple[int, ...]
     seed: int
     epoch: int
     k: int
@@ -324,7 +352,7 @@ class ElasticPlan:
 
 
 def elastic_plan(
-    sizes: list[int],
+    length: int,
     seed: int,
     epoch: int,
     k: int,
@@ -333,13 +361,13 @@ def elastic_plan(
     origin: tuple[int, int, int],
     slots: int,
 ) -> ElasticPlan:
-    """See :class:`ElasticPlan`; ``origin`` is (old world size, old workers, batches per rank)."""
+    """See :class:`ElasticPlan`; ``origin`` is (old world size, old workers, batches per rank),
+    ``length`` the samples per slot of the old world's plan."""
     old_world, old_workers, batches = origin
     nw = max(1, old_workers)
-    length = TrainPlan(sizes, seed, epoch, old_world, nw).length
     done = np.array([max(0, (batches - w + nw - 1) // nw) for _ in range(old_world) for w in range(nw)], dtype=np.int64)
     remaining = length * k - done * batch_size
-    return ElasticPlan(tuple(sizes), seed, epoch, k, shuffle_buffer, batch_size, origin, slots, remaining, length)
+    return ElasticPlan(seed, epoch, k, shuffle_buffer, batch_size, origin, slots, remaining, length)
 
 
 class ChunkStream:

@@ -33,6 +33,21 @@ def _is_shard_spec(url: str) -> bool:
     return "{" in url or url.rstrip("/").endswith(".tar")
 
 
+def dataset_folders(spec: str | Sequence[str]) -> list[str] | None:
+    """The dataset folders of a mix (a list of folders, not of shard URLs), or None."""
+    if isinstance(spec, str):
+        return None
+    items = list(spec)
+    shardish = [_is_shard_spec(u) for u in items]
+    if items and not any(shardish):
+        if len(set(u.rstrip("/") for u in items)) != len(items):
+            raise ValueError("a dataset folder is given twice; give it a larger weight instead")
+        return items
+    if any(shardish) and not all(shardish):
+        raise ValueError("give either shard URLs (one dataset) or dataset folders (a mix), not both")
+    return None
+
+
 def _split(url: str) -> tuple[str, str]:
     """``(folder URL, name)`` of a file URL, keeping the protocol."""
     head, _, name = url.rstrip("/").rpartition("/")
