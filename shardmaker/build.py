@@ -33,7 +33,7 @@ from shardmaker.errors import BuildError, OnError
 from shardmaker.format.manifest import FORMAT, MANIFEST, Manifest, ManifestError, ShardInfo, shard_path
 from shardmaker.format.manifest import parse as parse_manifest
 from shardmaker.sample import EncodedSample, LrMethod, SampleConfig, encode_or_skip
-from shardmaker.sources import Pair, Skipped, scan
+from shardmaker.sources import Pair, Skipped, scan_sources
 from shardmaker.writer import ShardWriter
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ _SHARD_RE = re.compile(r"^shard-(?:\d{4}-)?\d{6}\.tar$")
 
 @dataclasses.dataclass(frozen=True)
 class BuildConfig:
-    hr_src: str
+    hr_src: str | tuple[str, ...]  # a folder; several folders or brace patterns of files (keys prefixed)
     out: str
     lr_srcs: tuple[str, ...] = ()
     sample: SampleConfig = dataclasses.field(default_factory=lambda: SampleConfig(scales=(4,)))
@@ -105,6 +105,10 @@ def _content_hashes(pairs: list[Pair], opts: BuildConfig) -> list[str]:
                     h.update(block)
         out.append(h.hexdigest())
     return out
+
+
+def _hr_sources(opts: BuildConfig) -> tuple[str, ...]:
+    return (opts.hr_src,) if isinstance(opts.hr_src, str) else tuple(opts.hr_src)
 
 
 def fingerprint(pairs: list[Pair], opts: BuildConfig) -> str:
@@ -349,7 +353,9 @@ def _manifest(opts: BuildConfig, fp: str, shards: list[ShardInfo], skipped: list
 def build(opts: BuildConfig) -> BuildResult:
     """Run a whole (or part) build; see the module docstring for the crash-safety contract."""
     t0 = time.perf_counter()
-    pairs, skipped_scan = scan(opts.hr_src, opts.lr_srcs, opts.sample.mod_crop, opts.on_error, opts.sample.storage_options)
+    pairs, skipped_scan = scan_sources(
+        _hr_sources(opts), opts.lr_srcs, opts.sample.mod_crop, opts.on_error, opts.sample.storage_options
+    )
     if opts.lr_srcs:
         scales = tuple(s for s, _, _ in pairs[0].lr)
         if opts.sample.scales and set(opts.sample.scales) != set(scales):
@@ -439,7 +445,7 @@ def _build_locked(opts: BuildConfig, out: _Output, pairs: list[Pair], skipped_sc
             encoded.close()  # on an error: shut the encoding processes down now, not at garbage collection
         bar.close()
     if not shards and todo_all:
-        raise BuildError(f"{opts.hr_src}: every sample was skipped; nothing to write")
+        raise BuildError(f"{', '.join(_hr_sources(opts))}: every sample was skipped; nothing to write")
     if not todo_all and opts.part is not None:
         log.warning("part %d/%d has no samples (more parts than images); writing an empty part", *opts.part)
     scan_skips = skipped_scan if opts.part is None or opts.part[0] == 0 else []  # listed once

@@ -97,8 +97,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument(
         "hr_src",
         metavar="HR_SRC",
+        nargs="+",
         help="folder of HR images (searched recursively; symbolic links are "
-        "followed, also out of the folder; FIFOs and other non-regular files are skipped with a warning)",
+        "followed, also out of the folder; FIFOs and other non-regular files are skipped with a warning); "
+        "or several folders, or brace patterns of files ('photos/{0001..0800}.png'): then each key starts "
+        "with its source's path below their common folder (DIV2K/0001, Flickr2K/000001)",
     )
     b.add_argument("out", metavar="OUT", help="output folder or URL (memory://, s3://bucket/prefix, ...)")
     b.add_argument(
@@ -227,7 +230,7 @@ def _build(args: argparse.Namespace) -> int:
         max_pixels=args.max_pixels,
     )
     opts = BuildConfig(
-        hr_src=args.hr_src,
+        hr_src=args.hr_src[0] if len(args.hr_src) == 1 else tuple(args.hr_src),
         out=args.out,
         lr_srcs=tuple(args.lr),
         sample=cfg,

@@ -12,10 +12,12 @@ import logging
 import os
 import posixpath
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import fsspec
+from braceexpand import braceexpand
+from fsspec.core import url_to_fs
 
 from shardmaker import codecs, storage
 from shardmaker.errors import InputError, OnError
@@ -84,6 +86,55 @@ def _list_images(fs: fsspec.AbstractFileSystem, root: str, exclude: Iterable[str
             continue
         found[path] = _stamp(info)
     return found
+
+
+def scan_sources(
+    hr_srcs: Sequence[str],
+    lr_urls: Iterable[str] = (),
+    mod_crop: bool = True,
+    on_error: OnError = OnError.FAIL,
+    storage_options: dict[str, Any] | None = None,
+) -> tuple[list[Pair], list[Skipped]]:
+    """Pairs from one or several HR sources: folders, or brace patterns of image files
+    (``photos/{0001..0800}.png``). One folder is :func:`scan` itself. Otherwise each source's keys
+    start with its path relative to the sources' common folder (``DIV2K/0001``, ``Flickr2K/000001``),
+    so keys from different sources never collide; LR folders (``--lr``) pair with one HR folder only."""
+    hr_srcs = list(hr_srcs)
+    if len(hr_srcs) == 1 and "{" not in hr_srcs[0]:
+        return scan(hr_srcs[0], lr_urls, mod_crop, on_error, storage_options)
+    if list(lr_urls):
+        raise InputError(hr_srcs[0], "--lr pairs with one HR folder; build each dataset and mix them (SRDataset([a, b]))")
+    groups: list[tuple[str, frozenset[str] | None]] = []  # (folder URL, files in it or None for all)
+    fs = None
+    for src in hr_srcs:
+        if "{" in src:
+            files = list(braceexpand(src))
+            fs2, _ = url_to_fs(files[0], **(storage_options or {}))
+            paths = [url_to_fs(f, **(storage_options or {}))[1] for f in files]
+            parents = {posixpath.dirname(pp) for pp in paths}
+            parent = posixpath.commonpath(sorted(parents))
+            groups.append((storage.url_of(fs2, parent), frozenset(paths)))
+        else:
+            fs2, _ = url_to_fs(src, **(storage_options or {}))
+            groups.append((src, None))
+        if fs is not None and type(fs2) is not type(fs):
+            raise InputError(src, "HR sources must be on one filesystem")
+        fs = fs2
+    roots = [url_to_fs(u, **(storage_options or {}))[1].rstrip("/") for u, _ in groups]
+    common = roots[0] if len(roots) == 1 else posixpath.commonpath(roots)  # one pattern: no prefix
+    pairs: list[Pair] = []
+    skipped: list[Skipped] = []
+    for (url, only), root in zip(groups, roots, strict=True):
+        prefix = posixpath.relpath(root, common) if root != common else ""
+        got, skip = scan(url, (), mod_crop, on_error, storage_options, only=only, key_prefix=prefix)
+        pairs += got
+        skipped += skip
+    seen: dict[str, str] = {}
+    for p in pairs:
+        if p.key in seen:
+            raise InputError(p.hr, f"maps to key {p.key!r} like {seen[p.key]} (an image given twice?)")
+        seen[p.key] = p.hr
+    return sorted(pairs, key=lambda p: p.key), skipped
 
 
 def _raise(path: str, reason: str) -> None:
@@ -155,13 +206,21 @@ def scan(
     mod_crop: bool = True,
     on_error: OnError = OnError.FAIL,
     storage_options: dict[str, Any] | None = None,
+    only: frozenset[str] | None = None,
+    key_prefix: str = "",
 ) -> tuple[list[Pair], list[Skipped]]:
-    """All pairs under ``hr_url``, sorted by key; problems raise, or are listed when skipping."""
+    """All pairs under ``hr_url``, sorted by key; problems raise, or are listed when skipping.
+    ``only``: just these image paths under it; ``key_prefix``: put before every key and relative name."""
     lr_urls = list(lr_urls)
     fs, hr_root = _open_root(hr_url, "HR source folder", storage_options)
     lr_roots = [_open_root(u, "LR source folder", storage_options) for u in lr_urls]
     out = _Collector(OnError(on_error))
     hr_stamps = _list_images(fs, hr_root, exclude=[r for f2, r in lr_roots if f2 is fs], problem=out.problem)
+    if only is not None:
+        missing = sorted(only - set(hr_stamps))
+        if missing:
+            raise InputError(storage.url_of(fs, missing[0]), "no such image (named by the HR_SRC pattern)")
+        hr_stamps = {k: v for k, v in hr_stamps.items() if k in only}
     hr_paths = list(hr_stamps)
     if not hr_paths:
         raise InputError(hr_url, f"no images found (looked for {', '.join(codecs.SOURCE_EXTENSIONS)})")
@@ -171,7 +230,7 @@ def scan(
     hr_rel: dict[str, str] = {}
     for path in hr_paths:
         rel = posixpath.relpath(path, hr_root)
-        key = make_key(rel)
+        key = make_key(posixpath.join(key_prefix, rel) if key_prefix else rel)
         if key in by_key:
             out.problem(path, f"maps to key {key!r} like {by_key[key]} (keys must be unique)")
             continue
@@ -250,7 +309,7 @@ def scan(
             Pair(
                 key=key,
                 hr=storage.url_of(fs, hr_path),
-                hr_rel=hr_rel[key],
+                hr_rel=posixpath.join(key_prefix, hr_rel[key]) if key_prefix else hr_rel[key],
                 hr_size=sizes[key],
                 lr=tuple(sorted(lr_of[key])),
                 stamps=(hr_stamps[hr_path], *(stamps[u] for _, u, _ in sorted(lr_of[key]))),
