@@ -105,3 +105,14 @@ def test_decoders_by_extension_never_unpickle():
     for ext in ("pth", "pickle", "npy", "json"):
         with pytest.raises(ImageDataError, match="unknown member extension"):
             decode(pickle.dumps(img), ext)
+
+
+def test_decode_pair_checks_our_digests_and_ignores_another_tools_json(photo_shards):
+    sample = next(iter(_pipeline(str(photo_shards / "shard-000000.tar"))))
+    decode = sr.decode_pair(scale=4)
+    assert decode(sample).hr.shape[0] == 4 * decode(sample).lr.shape[0]
+    bad = dict(sample, **{"lr_x4.png": sample["lr_x4.png"][:-1] + bytes([sample["lr_x4.png"][-1] ^ 1])})
+    with pytest.raises(wdsr.SampleError, match="lr_x4.png does not match its xxh3_64"):
+        decode(bad)
+    foreign = dict(sample, json=b'{"caption": "a photo"}')  # another tool's json: nothing to check, still decodes
+    assert decode(foreign).key == sample["__key__"]

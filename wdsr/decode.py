@@ -11,6 +11,8 @@ import enum
 import hashlib
 import json
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -46,21 +48,47 @@ class Verify(str, enum.Enum):
     SHA256 = "sha256"  # ~2 GB/s: also catches deliberate tampering
 
 
-def _check(raw: RawSample, meta: dict, names: tuple[str, ...], verify: Verify) -> None:
+def check_digests(shard: str, key: str, members: Mapping[str, Any], meta: dict, names: tuple[str, ...], verify: Verify) -> None:
+    """The members ``names`` against their digests in ``{key}.json`` (``meta``)."""
     if verify is Verify.NONE:
         return
     digests = meta.get(verify.value)
     if digests is not None and type(digests) is not dict:
-        raise SampleError(raw.shard, raw.key, f"{raw.key}.json: {verify.value} is not an object of digests")
+        raise SampleError(shard, key, f"{key}.json: {verify.value} is not an object of digests")
     if digests is None:
         if verify is Verify.XXH3 and "sha256" in meta:  # shards from builds that did not record xxh3_64
-            return _check(raw, meta, names, Verify.SHA256)
-        raise SampleError(raw.shard, raw.key, f"{raw.key}.json has no {verify.value} digests to check")
+            return check_digests(shard, key, members, meta, names, Verify.SHA256)
+        raise SampleError(shard, key, f"{key}.json has no {verify.value} digests to check")
     for name in names:
-        data = raw.members[name]
+        data = members[name]
         got = xxhash.xxh3_64_hexdigest(data) if verify is Verify.XXH3 else hashlib.sha256(data).hexdigest()
         if got != digests.get(name):
-            raise SampleError(raw.shard, raw.key, f"{name} does not match its {verify.value} in {raw.key}.json (corrupt shard)")
+            raise SampleError(shard, key, f"{name} does not match its {verify.value} in {key}.json (corrupt shard)")
+
+
+def decode_members(
+    shard: str, key: str, members: Mapping[str, Any], hr_name: str, lr_name: str, scale: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Decode HR and LR (the member's extension picks the decoder), check HR = scale x LR (up to a
+    mod-crop) and matching depth and channels; HR comes back cropped to exactly scale x LR."""
+
+    def fail(reason: str) -> SampleError:
+        return SampleError(shard, key, reason)
+
+    try:
+        hr = codecs.decode(members[hr_name], hr_name)
+    except ImageDataError as exc:
+        raise fail(f"{hr_name}: {exc}") from None
+    try:
+        lr = codecs.decode(members[lr_name], lr_name)
+    except ImageDataError as exc:
+        raise fail(f"{lr_name}: {exc}") from None
+    (h, w), (lh, lw) = hr.shape[:2], lr.shape[:2]
+    if not pair_fits((h, w), (lh, lw), scale):
+        raise fail(f"HR {w}x{h} is not {scale} x LR {lw}x{lh} (wrong scale?)")
+    if hr.dtype != lr.dtype or hr.shape[2:] != lr.shape[2:]:
+        raise fail(f"HR {hr.dtype}{list(hr.shape[2:])} and LR {lr.dtype}{list(lr.shape[2:])} differ in depth or channels")
+    return hr[: scale * lh, : scale * lw], lr
 
 
 def decode_pair(
@@ -91,20 +119,7 @@ def decode_pair(
         headers.check_pair(hr_head, lr_head, scale, raw.hr_size, max_pixels)
     except headers.HeaderError as exc:
         raise fail(str(exc)) from None
-    _check(raw, meta, (hr_name, lr_name), Verify(verify))
+    check_digests(raw.shard, raw.key, raw.members, meta, (hr_name, lr_name), Verify(verify))
     t1 = time.perf_counter_ns()
-    try:
-        hr = codecs.decode(raw.members[hr_name], codec)
-    except ImageDataError as exc:
-        raise fail(f"{hr_name}: {exc}") from None
-    try:
-        lr = codecs.decode(raw.members[lr_name], codec)
-    except ImageDataError as exc:
-        raise fail(f"{lr_name}: {exc}") from None
-    (h, w), (lh, lw) = hr.shape[:2], lr.shape[:2]
-    if not pair_fits((h, w), (lh, lw), scale):
-        raise fail(f"HR {w}x{h} is not {scale} x LR {lw}x{lh} (wrong scale?)")
-    if hr.dtype != lr.dtype or hr.shape[2:] != lr.shape[2:]:
-        raise fail(f"HR {hr.dtype}{list(hr.shape[2:])} and LR {lr.dtype}{list(lr.shape[2:])} differ in depth or channels")
-    hr = hr[: scale * lh, : scale * lw]
+    hr, lr = decode_members(raw.shard, raw.key, raw.members, hr_name, lr_name, scale)
     return DecodedPair(raw.shard, raw.key, raw.rep, hr, lr, time.perf_counter_ns() - t1, t1 - t0)

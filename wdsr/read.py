@@ -263,10 +263,11 @@ def _raw_sample(
     info: ShardInfo, span: Span, i: int, f: Any, length: int, wanted: frozenset[str], t0: int, read_ns: int = 0
 ) -> RawSample:
     """Sample ``i`` of ``info`` from ``f`` (at its first byte, ``length`` bytes), with the wanted members."""
-    members = _members(f, length, info.name, info.keys[i], wanted)
+    key = info.keys[i]
+    members = _members(f, length, info.name, key, wanted)
     return RawSample(
         info.name,
-        info.keys[i],
+        key,
         i,
         span.rep,
         members,
