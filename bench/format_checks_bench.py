@@ -43,7 +43,7 @@ def main() -> int:
     codec, scale = m.codec, 4
     hr_name, lr_name = f"hr.{codec}", f"lr_x{scale}.{codec}"
     n = min(args.samples, info.samples)
-    samples = list(reader.span(Span(0, 0, n), wanted_members(codec, scale)))
+    samples = list(reader.span(Span(0, 0, n), wanted_members(m, scale)))
 
     def checks() -> None:
         for r in samples:

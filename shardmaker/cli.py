@@ -14,6 +14,7 @@ from shardmaker import __version__
 from shardmaker.build import BuildConfig, build, merge_when_ready
 from shardmaker.codecs import Codec
 from shardmaker.errors import OnError, ShardmakerError
+from shardmaker.index import IndexConfig, index
 from shardmaker.resize import ResizeMethod
 from shardmaker.sample import LrMethod, SampleConfig
 from shardmaker.verify import info_text, verify
@@ -203,17 +204,104 @@ def _parser() -> argparse.ArgumentParser:
         help="while parts are still being built, check again every 10 s for up to SECONDS "
         "(a merge Job started next to the part builds; default 0: fail at once)",
     )
+    x = sub.add_parser(
+        "index",
+        help="write a manifest for tar shards another tool wrote (wds.ShardWriter, tar, tarp), without rewriting them",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Read each shard once (streaming, several at a time) and write a wdsr manifest beside them: the\n"
+        "samples, where each member is (any order, any place in the shard), the members' xxh3_64, each\n"
+        "shard's sha256 and the HR sizes (from the image headers, no decode). wdsr.SRDataset then streams\n"
+        "the shards as they are, with every guarantee it has for shardmaker's own shards.\n\n"
+        "Members are matched by the names given: with --hr jpg --lr 4:x4.jpg, 'a.b.x4.jpg' is the x4 LR of\n"
+        "sample 'a.b' (the longest name first, so keys may hold dots); other members are left alone.\n"
+        "Decoders: png (8/16-bit), qoi, jpg/jpeg (libjpeg-turbo through simplejpeg, else Pillow), webp.\n\n"
+        "examples:\n"
+        "  shardmaker index 's3://bucket/div2k/train-{000000..000099}.tar' --hr hr.png --lr 4:lr.png\n"
+        "  shardmaker index /data/df2k --hr jpg --lr 2:x2.jpg --lr 4:x4.jpg -o /data/df2k/wdsr.json --on-error skip",
+    )
+    x.add_argument(
+        "shards",
+        nargs="+",
+        metavar="URL_OR_PATTERN",
+        help="a folder (every *.tar in it), a brace pattern (shard-{000000..000099}.tar) or shard URLs; one folder",
+    )
+    x.add_argument(
+        "-o",
+        "--out",
+        metavar="MANIFEST_URL",
+        help="where to write the manifest, in the shards' folder (default: FOLDER/manifest.json); "
+        "a manifest with another name is opened with SRDataset(FOLDER, manifest=MANIFEST_URL)",
+    )
+    x.add_argument("--hr", required=True, metavar="NAME", help="the HR member's name after the key: hr.png, jpg, ...")
+    x.add_argument(
+        "--lr",
+        required=True,
+        action="append",
+        type=_scale_member,
+        metavar="SCALE:NAME",
+        help="an LR member and its scale, e.g. 4:x4.jpg or 4:lr.png (repeat for several scales)",
+    )
+    x.add_argument(
+        "--on-error",
+        choices=[e.value for e in OnError],
+        default=OnError.FAIL.value,
+        help="a sample that lacks a member, has an unreadable header or an HR that is not s x LR: fail "
+        "(default, naming shard and key) or skip it (listed in the manifest's build.skipped)",
+    )
+    x.add_argument("--workers", type=int, default=4, help="shards read at a time (default 4)")
+    x.add_argument(
+        "--max-pixels",
+        type=int,
+        default=1 << 28,
+        help="refuse HR images larger than this many pixels, from their headers (default 2^28)",
+    )
+    x.add_argument("--wids", action="store_true", help="also write NAME.wids.json, a shard list for wids.ShardListDataset")
+    x.add_argument("--overwrite", action="store_true", help="replace a manifest already at MANIFEST_URL")
     v = sub.add_parser(
         "verify",
         help="check shards against the manifest (exit 1 on any mismatch)",
         description="Check each shard's size, sha256, sample keys and offsets against the manifest; "
         "--deep also decodes every pair, checks HR = s x LR and the per-member sha256 in {key}.json.",
     )
-    v.add_argument("url", metavar="URL")
+    v.add_argument("url", metavar="URL", help="the dataset folder, or its manifest's URL when it has another name")
     v.add_argument("--deep", action="store_true", help="decode every image and check sizes and member hashes")
     i = sub.add_parser("info", help="summary: samples, shards, bytes, scales, codec, HR size range")
     i.add_argument("url", metavar="URL")
     return p
+
+
+def _scale_member(text: str) -> tuple[int, str]:
+    scale, _, name = text.partition(":")
+    if not scale.strip().isdigit() or not name or not 2 <= int(scale) <= 16:
+        raise argparse.ArgumentTypeError(f"--lr wants SCALE:NAME with SCALE 2..16 (e.g. 4:x4.jpg), got {text!r}")
+    return int(scale), name
+
+
+def _index(args: argparse.Namespace) -> int:
+    lr = dict(args.lr)
+    if len(lr) != len(args.lr):
+        raise ValueError("--lr: one member per scale")
+    cfg = IndexConfig(
+        hr=args.hr,
+        lr=lr,
+        on_error=OnError(args.on_error),
+        workers=args.workers,
+        max_pixels=args.max_pixels,
+        overwrite=args.overwrite,
+        wids=args.wids,
+        progress=not args.quiet,
+    )
+    res = index(args.shards if len(args.shards) > 1 else args.shards[0], args.out, cfg)
+    m = res.manifest
+    print(
+        f"wrote {res.path}: {m.samples} samples in {len(m.shards)} shards, {m.bytes / 1e6:.1f} MB indexed "
+        f"in {res.seconds:.1f} s ({m.bytes / 1e6 / max(res.seconds, 1e-9):.0f} MB/s)"
+    )
+    if res.skipped:
+        print(f"skipped {len(res.skipped)}:")
+        for s in res.skipped:
+            print(f"  {s['shard']}{' ' + repr(s['key']) if 'key' in s else ''}: {s['reason']}")
+    return 0
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -270,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "build":
             return _build(args)
+        if args.cmd == "index":
+            return _index(args)
         if args.cmd == "merge":
             m = merge_when_ready(args.out, args.wait)
             print(f"merged {len(m.shards)} shards, {m.samples} samples into {args.out.rstrip('/')}/manifest.json")

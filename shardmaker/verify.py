@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import xxhash
 from tqdm import tqdm
 
 from shardmaker import codecs, storage
@@ -78,6 +79,8 @@ def verify_shard(m: Manifest, info: ShardInfo, data: bytes, deep: bool) -> list[
         problems.append(f"{where}: {got}, manifest says {info.bytes}")
     if hashlib.sha256(data).hexdigest() != info.sha256:
         problems.append(f"{where}: sha256 does not match the manifest")
+    if m.members is not None:
+        return problems + _verify_indexed(m, info, data, deep)
     want = _expected_members(m)
     seen = 0
     try:
@@ -102,9 +105,63 @@ def verify_shard(m: Manifest, info: ShardInfo, data: bytes, deep: bool) -> list[
     return problems
 
 
+def _verify_indexed(m: Manifest, info: ShardInfo, data: bytes, deep: bool) -> list[str]:
+    """An index of foreign shards: each member at its recorded place, under its name, with its
+    xxh3_64; ``deep`` also checks headers, decodes and HR = s x LR."""
+    assert m.members is not None and info.members is not None
+    problems = []
+    for i in range(info.samples):
+        key = info.keys[i]
+        where = f"{info.name} key {key!r}"
+        found: dict[str, bytes] = {}
+        for name, cols in info.members.items():
+            a, n = int(cols.offsets[i]), int(cols.bytes[i])
+            try:
+                entries = list(tario.iter_entries(io.BytesIO(data[a : a + n]), limit=n))
+            except tario.TarFormatError as exc:
+                problems.append(f"{where}: {name} at byte {a}: {exc}")
+                continue
+            if len(entries) != 1 or entries[0].name != f"{key}.{name}" or entries[0].start != 0:
+                problems.append(f"{where}: no member {key}.{name} at byte {a}, where the index puts it")
+                continue
+            if xxhash.xxh3_64_intdigest(entries[0].data) != int(cols.xxh3_64[i]):
+                problems.append(f"{where}: {name} does not match its xxh3_64 in the index")
+                continue
+            found[name] = entries[0].data
+        if deep and len(found) == len(info.members):
+            problems += [f"{where}: {p}" for p in _check_indexed_pair(m, found, info.hr_sizes[i])]
+    return problems
+
+
+def _check_indexed_pair(m: Manifest, members: dict[str, bytes], hr_size: Sequence[int]) -> list[str]:
+    assert m.members is not None
+    hr_name = m.members.hr
+    try:
+        hr_head = headers.image_header(members[hr_name], hr_name)
+        for s, name in m.members.lr.items():
+            headers.check_pair(hr_head, headers.image_header(members[name], name), s, (hr_size[0], hr_size[1]))
+        hr = codecs.decode(members[hr_name], hr_name)
+        for s, name in m.members.lr.items():
+            lr = codecs.decode(members[name], name)
+            if not mf.pair_fits(hr.shape[:2], lr.shape[:2], s) or lr.dtype != hr.dtype or lr.shape[2:] != hr.shape[2:]:
+                return [f"{name} ({lr.shape}) does not pair with HR ({hr.shape}) at x{s}"]
+    except (headers.HeaderError, ImageDataError) as exc:
+        return [str(exc)]
+    return []
+
+
+def _dataset(url: str) -> tuple[str, str]:
+    """A dataset folder, or the URL of a manifest in it with another name (``shardmaker index -o``)."""
+    if url.endswith(".json"):
+        folder, _, name = url.rpartition("/")
+        return folder or ".", name
+    return url, mf.MANIFEST
+
+
 def verify(url: str, deep: bool = False, progress: bool = True, storage_options: dict[str, Any] | None = None) -> list[str]:
     """Every problem found in the shard set at ``url`` (empty list: all good)."""
-    m = mf.load(url, storage_options)
+    url, name = _dataset(url)
+    m = mf.load(url, storage_options, name=name)
     fs, root = storage.open_dir(url, storage_options)
     problems = []
     with tqdm(total=m.bytes, unit="B", unit_scale=True, desc="verify", disable=not progress) as bar:
@@ -122,7 +179,8 @@ def verify(url: str, deep: bool = False, progress: bool = True, storage_options:
 
 def info_text(url: str, storage_options: dict[str, Any] | None = None) -> str:
     """A short human-readable summary of a shard set."""
-    m = mf.load(url, storage_options)
+    url, name = _dataset(url)
+    m = mf.load(url, storage_options, name=name)
     sizes = [tuple(s) for sh in m.shards for s in sh.hr_sizes]
     pixels = [w * h for w, h in sizes]
     lo, hi = sizes[int(np.argmin(pixels))], sizes[int(np.argmax(pixels))]
@@ -135,9 +193,15 @@ def info_text(url: str, storage_options: dict[str, Any] | None = None) -> str:
         ("bytes", f"{m.bytes} ({m.bytes / 1e9:.3f} GB)"),
         ("scales", ", ".join(f"x{s}" for s in m.scales)),
         ("codec", m.codec),
+        *(
+            [("members", f"{m.members.hr} + " + ", ".join(f"x{s}: {n}" for s, n in sorted(m.members.lr.items())))]
+            if m.members
+            else []
+        ),
+        *([("index of", "foreign shards (shardmaker index): read in place, members by offset")] if m.members else []),
         ("lr method", m.lr_method),
         ("HR size", f"{lo[0]}x{lo[1]} .. {hi[0]}x{hi[1]}"),
-        ("skipped", f"{len(m.build.get('skipped', []))} source files"),
+        ("skipped", f"{len(m.build.get('skipped', []))} {'samples or shards' if m.members else 'source files'}"),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -153,7 +153,8 @@ class NaiveDataset(Dataset):
         self.reader = ShardReader(url, self.manifest, storage_options)
         self.index = [(s, i) for s, sh in enumerate(self.manifest.shards) for i in range(sh.samples)]
         self.scale, self.patch_size, self.decoder, self.enlarge = scale, patch_size, decoder, enlarge
-        self.wanted = wanted_members(self.manifest.codec, scale)
+        self.wanted = wanted_members(self.manifest, scale)
+        self.names = self.manifest.member_names(scale)
 
     def __len__(self) -> int:
         return len(self.index) * self.enlarge
@@ -162,11 +163,10 @@ class NaiveDataset(Dataset):
         shard, i = self.index[n % len(self.index)]
         raw = next(self.reader.span(Span(shard, i, i + 1), self.wanted))
         if self.decoder == "same":
-            pair = decode_pair(raw, self.manifest.codec, self.scale, verify=Verify.NONE)
+            pair = decode_pair(raw, self.names, self.scale, verify=Verify.NONE)
             return pair.hr, pair.lr
-        codec = self.manifest.codec
-        hr = np.asarray(Image.open(io.BytesIO(raw.members[mf.hr_member(codec)])))
-        lr = np.asarray(Image.open(io.BytesIO(raw.members[mf.lr_member(self.scale, codec)])))
+        hr = np.asarray(Image.open(io.BytesIO(raw.members[self.names[0]])))
+        lr = np.asarray(Image.open(io.BytesIO(raw.members[self.names[1]])))
         return hr, lr
 
     def __getitem__(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:

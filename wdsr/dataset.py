@@ -22,7 +22,7 @@ from shardmaker.errors import OnError
 from shardmaker.format import manifest as mf
 from wdsr import env, urls
 from wdsr.config import DatasetConfig, Split
-from wdsr.decode import DecodedPair
+from wdsr.decode import DecodedPair, Verify
 from wdsr.handoff import BatchPool
 from wdsr.plan import Span, TrainPlan, mix_counts, mix_segments, slice_length, val_plan
 from wdsr.read import ShardReader
@@ -104,10 +104,13 @@ class SRDataset(IterableDataset):
         for folder, m in parts:
             if self.config.scale not in m.scales:
                 raise ValueError(f"{folder}: no x{self.config.scale} LR in this dataset (scales: {m.scales})")
+            if m.members is not None and self.config.verify is Verify.SHA256:
+                raise ValueError(
+                    f"{folder}: verify='sha256' needs sha256 digests per member; an index of foreign shards "
+                    "(shardmaker index) records xxh3_64: use verify='xxh3_64'"
+                )
             reader = ShardReader(folder, m, storage_options, self.config.read_config())
-            sources.append(
-                Source(reader, m.codec, self.config.scale, self.config.verify, self.config.max_pixels, self.stats, errors)
-            )
+            sources.append(Source(reader, self.config.scale, self.config.verify, self.config.max_pixels, self.stats, errors))
         self.url = parts[0][0]  # the (first) dataset folder
         self.reader = sources[0].reader
         self.manifest, self._source, self.mix = _combine(parts, sources, weights, epoch_samples)

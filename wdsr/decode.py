@@ -20,7 +20,7 @@ import xxhash
 from shardmaker import codecs
 from shardmaker.codecs import ImageDataError
 from shardmaker.format import headers
-from shardmaker.format.manifest import JSON_MEMBER, hr_member, lr_member, pair_fits
+from shardmaker.format.manifest import JSON_MEMBER, Manifest, pair_fits
 from wdsr.errors import SampleError
 from wdsr.read import RawSample
 
@@ -36,8 +36,10 @@ class DecodedPair:
     verify_ns: int  # checking member digests
 
 
-def wanted_members(codec: str, scale: int) -> frozenset[str]:
-    return frozenset({JSON_MEMBER, hr_member(codec), lr_member(scale, codec)})
+def wanted_members(m: Manifest, scale: int) -> frozenset[str]:
+    """The members a sample is read with: HR, the x``scale`` LR and (our shards) ``{key}.json``."""
+    hr, lr = m.member_names(scale)
+    return frozenset({hr, lr} if m.members is not None else {JSON_MEMBER, hr, lr})
 
 
 class Verify(str, enum.Enum):
@@ -92,34 +94,47 @@ def decode_members(
 
 
 def decode_pair(
-    raw: RawSample, codec: str, scale: int, verify: Verify = Verify.XXH3, max_pixels: int = headers.DEFAULT_MAX_PIXELS
+    raw: RawSample,
+    names: tuple[str, str],
+    scale: int,
+    verify: Verify = Verify.XXH3,
+    max_pixels: int = headers.DEFAULT_MAX_PIXELS,
 ) -> DecodedPair:
     """Check headers (sizes against the manifest, scale, channels, depth, ``max_pixels``) and
-    digests, then decode; every failure is a SampleError naming shard and key."""
+    digests, then decode the members ``names`` (HR, LR); every failure is a SampleError naming
+    shard and key. Digests come from ``{key}.json`` in our shards, from the manifest in an index
+    of foreign shards (``raw.digests``, xxh3_64)."""
     t0 = time.perf_counter_ns()
-    hr_name, lr_name = hr_member(codec), lr_member(scale, codec)
+    hr_name, lr_name = names
 
     def fail(reason: str) -> SampleError:
         return SampleError(raw.shard, raw.key, reason)
 
-    if "json" not in raw.members:
-        raise fail("no json member")
-    try:
-        meta = json.loads(bytes(raw.members["json"]))
-    except (ValueError, RecursionError):
-        raise fail("json member is not valid JSON") from None
-    if type(meta) is not dict:
-        raise fail("json member is not a JSON object")
+    meta: dict[str, Any] = {}
+    if raw.digests is None:
+        if "json" not in raw.members:
+            raise fail("no json member")
+        try:
+            meta = json.loads(bytes(raw.members["json"]))
+        except (ValueError, RecursionError):
+            raise fail("json member is not valid JSON") from None
+        if type(meta) is not dict:
+            raise fail("json member is not a JSON object")
     for name in (hr_name, lr_name):
         if name not in raw.members:
             raise fail(f"no {name} member (this sample has scales {meta.get('scales')!r})")
     try:
-        hr_head = headers.image_header(raw.members[hr_name], codec)
-        lr_head = headers.image_header(raw.members[lr_name], codec)
+        hr_head = headers.image_header(raw.members[hr_name], hr_name)
+        lr_head = headers.image_header(raw.members[lr_name], lr_name)
         headers.check_pair(hr_head, lr_head, scale, raw.hr_size, max_pixels)
     except headers.HeaderError as exc:
         raise fail(str(exc)) from None
-    check_digests(raw.shard, raw.key, raw.members, meta, (hr_name, lr_name), Verify(verify))
+    if raw.digests is None:
+        check_digests(raw.shard, raw.key, raw.members, meta, (hr_name, lr_name), Verify(verify))
+    elif verify is not Verify.NONE:
+        for name in (hr_name, lr_name):
+            if xxhash.xxh3_64_intdigest(raw.members[name]) != raw.digests[name]:
+                raise fail(f"{name} does not match its xxh3_64 in the index (shard changed or corrupt)")
     t1 = time.perf_counter_ns()
     hr, lr = decode_members(raw.shard, raw.key, raw.members, hr_name, lr_name, scale)
     return DecodedPair(raw.shard, raw.key, raw.rep, hr, lr, time.perf_counter_ns() - t1, t1 - t0)

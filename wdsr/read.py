@@ -47,6 +47,7 @@ class RawSample:
     nbytes: int
     read_ns: int
     hr_size: tuple[int, int] | None = None  # (w, h) the manifest promises for HR
+    digests: dict[str, int] | None = None  # an index of foreign shards: the members' xxh3_64 from the manifest
 
 
 class Fetch(str, enum.Enum):
@@ -205,10 +206,14 @@ class ShardReader:
                 self._check_probe(f, path, info)
             f.seek(int(info.offsets[span.start]))
             for i in range(span.start, span.stop):
-                begin, end = _bounds(info, i)
                 t0 = time.perf_counter_ns()
-                f.seek(begin)
-                yield _raw_sample(info, span, i, f, end - begin, wanted, t0)
+                chunks = []
+                for begin, end in _reads(info, i, wanted):
+                    f.seek(begin)
+                    chunks.append((begin, f, end - begin))
+                    if info.members is not None:  # one read per group: the next group seeks the same file
+                        chunks[-1] = (begin, _View(f.read(end - begin)), end - begin)
+                yield _raw_sample(info, span, i, chunks, wanted, t0)
 
     def _check_probe(self, f: Any, path: str, info: ShardInfo) -> None:
         """Is this file the shard the manifest lists (not another build's of the same size)?
@@ -230,9 +235,9 @@ class ShardReader:
     def _range_span(self, rf: remote.RemoteFile, info: ShardInfo, span: Span, wanted: frozenset[str]) -> Iterator[RawSample]:
         """One range read per sample; ``read_ahead`` samples are on their way while one is decoded."""
 
-        def fetch(i: int) -> tuple[bytearray, int]:
+        def fetch(i: int) -> tuple[list[tuple[int, bytearray]], int]:
             t0 = time.perf_counter_ns()
-            return rf.read(*_bounds(info, i)), time.perf_counter_ns() - t0
+            return [(a, rf.read(a, b)) for a, b in _reads(info, i, wanted)], time.perf_counter_ns() - t0
 
         ahead = self.options.read_ahead
         if ahead and self._pool is None:
@@ -251,7 +256,8 @@ class ShardReader:
                     data, ns = pending.popleft().result() if ahead else fetch(i)
                 except remote.ReadFailed as exc:
                     raise SampleError(rf.url, None, f"{exc.reason} (sample {info.keys[i]!r})") from None
-                raw = _raw_sample(info, span, i, _View(data), len(data), wanted, time.perf_counter_ns(), ns)
+                chunks = [(a, _View(d), len(d)) for a, d in data]
+                raw = _raw_sample(info, span, i, chunks, wanted, time.perf_counter_ns(), ns)
                 yield raw
                 del data, raw
         finally:
@@ -260,11 +266,17 @@ class ShardReader:
 
 
 def _raw_sample(
-    info: ShardInfo, span: Span, i: int, f: Any, length: int, wanted: frozenset[str], t0: int, read_ns: int = 0
+    info: ShardInfo, span: Span, i: int, chunks: list[tuple[int, Any, int]], wanted: frozenset[str], t0: int, read_ns: int = 0
 ) -> RawSample:
-    """Sample ``i`` of ``info`` from ``f`` (at its first byte, ``length`` bytes), with the wanted members."""
+    """Sample ``i`` of ``info`` from its reads (``(first byte in the shard, file at it, length)``), with the wanted members."""
     key = info.keys[i]
-    members = _members(f, length, info.name, key, wanted)
+    digests = None
+    if info.members is None:
+        _, f, length = chunks[0]
+        members = _members(f, length, info.name, key, wanted)
+    else:
+        members = _indexed_members(chunks, info, i, wanted)
+        digests = {name: int(info.members[name].xxh3_64[i]) for name in members}
     return RawSample(
         info.name,
         key,
@@ -274,17 +286,60 @@ def _raw_sample(
         sum(len(v) for v in members.values()),
         read_ns + time.perf_counter_ns() - t0,
         (int(info.hr_sizes[i][0]), int(info.hr_sizes[i][1])),
+        digests,
     )
 
 
-def _bounds(info: ShardInfo, i: int) -> tuple[int, int]:
-    return int(info.offsets[i]), (int(info.offsets[i + 1]) if i + 1 < info.samples else info.bytes)
+_GAP = 64 << 10  # members of a foreign sample this close are fetched in one read (the bytes between are skipped)
+
+
+def _reads(info: ShardInfo, i: int, wanted: frozenset[str]) -> list[tuple[int, int]]:
+    """The byte ranges to read for sample ``i``: the sample itself in our shards; in an index of
+    foreign shards, its wanted members, neighbours (within ``_GAP``) in one range."""
+    if info.members is None:
+        return [(int(info.offsets[i]), int(info.offsets[i + 1]) if i + 1 < info.samples else info.bytes)]
+    spans = sorted((int(c.offsets[i]), int(c.offsets[i]) + int(c.bytes[i])) for n, c in info.members.items() if n in wanted)
+    out: list[tuple[int, int]] = []
+    for a, b in spans:
+        if out and out[-1][1] <= a <= out[-1][1] + _GAP:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def _indexed_members(
+    chunks: list[tuple[int, Any, int]], info: ShardInfo, i: int, wanted: frozenset[str]
+) -> dict[str, bytes | memoryview]:
+    """The wanted members of foreign sample ``i``, each found at the offset the index records and
+    under the name it records (``{key}.{member}``); anything else there is a SampleError."""
+    assert info.members is not None
+    key = info.keys[i]
+    expect = {f"{key}.{n}": (n, int(c.offsets[i])) for n, c in info.members.items() if n in wanted}
+    out: dict[str, bytes | memoryview] = {}
+    try:
+        for start, f, length in chunks:
+            for e in tario.iter_entries(f, limit=length, want=expect.__contains__):
+                member, offset = expect[e.name]
+                if start + e.start != offset:
+                    raise SampleError(
+                        info.name,
+                        key,
+                        f"member {e.name!r} is at byte {start + e.start}, the index says {offset} (shard changed?)",
+                    )
+                out[member] = e.data
+    except tario.TarFormatError as exc:
+        raise SampleError(info.name, key, f"bad tar data ({exc})") from None
+    for name, (member, offset) in expect.items():
+        if member not in out:
+            raise SampleError(info.name, key, f"no member {name!r} at byte {offset}, where the index puts it (shard changed?)")
+    return out
 
 
 class _View:
     """A read-only file over a buffer whose large reads are views, not copies (QOI decodes from them)."""
 
-    def __init__(self, data: bytearray) -> None:
+    def __init__(self, data: bytes | bytearray) -> None:
         self._mv = memoryview(data)
         self._pos = 0
 

@@ -62,7 +62,6 @@ class Source:
     """Where to read and how to decode: shared by every stream of a dataset."""
 
     reader: ShardReader
-    codec: str
     scale: int
     verify: Verify
     max_pixels: int
@@ -76,7 +75,8 @@ class Source:
         """One item per sample of ``spans``, in order: the decoded pair, or None for a sample that
         cannot be used. Its error has gone to the policy already (which raises it under ``fail``;
         ``count=False``, for look-aheads, leaves the counting to the pass that reaches it)."""
-        wanted = wanted_members(self.codec, self.scale)
+        manifest = self.reader.manifest
+        wanted, names = wanted_members(manifest, self.scale), manifest.member_names(self.scale)
         for span in spans:
             pos = span.start
             while pos < span.stop:
@@ -85,7 +85,7 @@ class Source:
                         pos = raw.index + 1
                         self.stats.add(worker, samples=1, bytes_read=raw.nbytes, read_ns=raw.read_ns, **self.reader.take_counts())
                         try:
-                            pair = decode_pair(raw, self.codec, self.scale, self.verify, self.max_pixels)
+                            pair = decode_pair(raw, names, self.scale, self.verify, self.max_pixels)
                         except SampleError as exc:
                             if count:
                                 self.errors(worker, exc)

@@ -58,12 +58,86 @@ def qoi_header(data: bytes | memoryview) -> ImageHeader:
     return ImageHeader(w, h, 3, 8)
 
 
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # start-of-frame markers (not DHT, JPG, DAC)
+
+
+def jpeg_header(data: bytes | memoryview) -> ImageHeader:
+    """Size, components and precision from a JPEG's frame header, walking the marker segments."""
+    n = len(data)
+    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
+        raise HeaderError("not a JPEG (no SOI marker)")
+    i = 2
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            raise HeaderError(f"not a JPEG (no marker at byte {i})")
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:
+            i += 2
+            continue
+        if marker in (0xD9, 0xDA):
+            break
+        length = (data[i + 2] << 8) | data[i + 3]
+        if length < 2:
+            raise HeaderError(f"JPEG segment of length {length} at byte {i}")
+        if marker in _SOF:
+            if i + 10 > n:
+                break
+            depth, h, w, comps = data[i + 4], (data[i + 5] << 8) | data[i + 6], (data[i + 7] << 8) | data[i + 8], data[i + 9]
+            if depth != 8:
+                raise HeaderError(f"JPEG of {depth}-bit precision: JPEG members are 8-bit")
+            if comps not in (1, 3):
+                raise HeaderError(f"JPEG with {comps} components (CMYK?): image members are grey or RGB only")
+            if not w or not h:
+                raise HeaderError(f"JPEG of {w}x{h} pixels")
+            return ImageHeader(w, h, comps, 8)
+        i += 2 + length
+    raise HeaderError("not a JPEG (no frame header before the image data)")
+
+
+def webp_header(data: bytes | memoryview) -> ImageHeader:
+    """Size from a WebP's first chunk (lossy VP8, lossless VP8L or extended VP8X)."""
+    head = bytes(data[:30])
+    if len(head) < 30 or head[:4] != b"RIFF" or head[8:12] != b"WEBP":
+        raise HeaderError("not a WebP image (no RIFF/WEBP header)")
+    chunk = head[12:16]
+    if chunk == b"VP8 ":
+        if head[23:26] != b"\x9d\x01\x2a":
+            raise HeaderError("not a WebP image (bad VP8 frame header)")
+        w, h = struct.unpack("<HH", head[26:30])
+        w, h, alpha = w & 0x3FFF, h & 0x3FFF, False
+    elif chunk == b"VP8L":
+        if head[20] != 0x2F:
+            raise HeaderError("not a WebP image (bad VP8L signature)")
+        bits = struct.unpack("<I", head[21:25])[0]
+        w, h, alpha = (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1, bool((bits >> 28) & 1)
+    elif chunk == b"VP8X":
+        flags = head[20]
+        if flags & 0x02:
+            raise HeaderError("animated WebP: image members are single images")
+        w = int.from_bytes(head[24:27], "little") + 1
+        h = int.from_bytes(head[27:30], "little") + 1
+        alpha = bool(flags & 0x10)
+    else:
+        raise HeaderError(f"WebP with a {chunk!r} first chunk")
+    if alpha:
+        raise HeaderError("WebP with alpha: image members are grey or RGB only")
+    if not w or not h:
+        raise HeaderError(f"WebP of {w}x{h} pixels")
+    return ImageHeader(w, h, 3, 8)
+
+
+_HEADERS = {"png": png_header, "qoi": qoi_header, "jpg": jpeg_header, "jpeg": jpeg_header, "webp": webp_header}
+
+
 def image_header(data: bytes | memoryview, ext: str) -> ImageHeader:
-    if ext == "png":
-        return png_header(data)
-    if ext == "qoi":
-        return qoi_header(data)
-    raise HeaderError(f"no decoder for .{ext} members")
+    """The header of a member by its codec or name (``png``, ``x4.jpg``), checked before any decode."""
+    parse = _HEADERS.get(ext.rsplit(".", 1)[-1].lower())
+    if parse is None:
+        raise HeaderError(f"no decoder for .{ext} members")
+    return parse(data)
 
 
 def check_pair(

@@ -54,9 +54,16 @@ SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,250}\.tar")
 # segments without dots, control characters or empty segments.
 KEY = re.compile(r"[^\x00-\x1f\x7f./]{1,255}(/[^\x00-\x1f\x7f./]{1,255}){0,31}")
 SHA256 = re.compile(r"[0-9a-f]{64}")
+# Indexes of foreign shards (``shardmaker index``): keys as the other tool wrote them, dots allowed
+# (no "." or ".." segment); member names like "hr.png", "jpg", "x4.jpg"; digests of the member data.
+INDEX_KEY = re.compile(r"[^\x00-\x1f\x7f/]{1,255}(/[^\x00-\x1f\x7f/]{1,255}){0,31}")
+MEMBER_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}(\.[A-Za-z0-9_-]{1,32}){0,3}")
+MEMBER_CODECS = ("png", "qoi", "jpg", "jpeg", "webp")
+XXH3 = re.compile(r"[0-9a-f]{16}")
 
 
 PROBE_BYTES = 1 << 20
+BLOCK = 512  # tar block
 JSON_MEMBER = "json"
 
 
@@ -125,6 +132,86 @@ def _str(v: Any, where: str, field: str) -> str:
     return v
 
 
+def codec_of(member: str) -> str:
+    """The codec of a member name: its last part (``x4.jpg`` -> ``jpg``)."""
+    return member.rsplit(".", 1)[-1].lower()
+
+
+@dataclasses.dataclass(frozen=True)
+class MemberNames:
+    """The members an index of foreign shards reads: ``{key}.{hr}`` and ``{key}.{lr[s]}`` per scale."""
+
+    hr: str
+    lr: dict[int, str]
+
+    def names(self) -> list[str]:
+        return [self.hr] + [self.lr[s] for s in sorted(self.lr)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"hr": self.hr, "lr": {str(s): self.lr[s] for s in sorted(self.lr)}}
+
+    @classmethod
+    def from_json(cls, d: Any, where: str = MANIFEST) -> MemberNames:
+        if type(d) is not dict or set(d) != {"hr", "lr"} or type(d["lr"]) is not dict or not d["lr"]:
+            raise ManifestError(where, "members", 'must be {"hr": NAME, "lr": {"SCALE": NAME, ...}}')
+        lr: dict[int, str] = {}
+        for s, name in d["lr"].items():
+            if not (isinstance(s, str) and s.isdigit() and 2 <= int(s) <= 16):
+                raise ManifestError(where, "members.lr", f"scale {s!r} must be a whole number 2..16")
+            lr[int(s)] = name
+        names = [d["hr"], *lr.values()]
+        for name in names:
+            if not isinstance(name, str) or not MEMBER_NAME.fullmatch(name) or codec_of(name) not in MEMBER_CODECS:
+                raise ManifestError(
+                    where,
+                    "members",
+                    f"{name!r} is not a member name like hr.png or x4.jpg (extensions: {', '.join(MEMBER_CODECS)})",
+                )
+        if len(set(names)) != len(names):
+            raise ManifestError(where, "members", "the HR and LR members must have different names")
+        return cls(d["hr"], lr)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemberColumns:
+    """Where one member of every sample of a foreign shard is: its entry's first byte (its header,
+    or the long-name/PAX header before it), the entry's length (headers, data, padding), and the
+    xxh3_64 of its data. Numpy columns, so members may sit anywhere in the shard, in any order."""
+
+    offsets: np.ndarray
+    bytes: np.ndarray
+    xxh3_64: np.ndarray  # uint64
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "offsets": [int(o) for o in self.offsets],
+            "bytes": [int(n) for n in self.bytes],
+            "xxh3_64": [f"{int(d):016x}" for d in self.xxh3_64],
+        }
+
+    @classmethod
+    def from_json(cls, d: Any, where: str, field: str, samples: int, size: int) -> MemberColumns:
+        if type(d) is not dict or set(d) != {"offsets", "bytes", "xxh3_64"}:
+            raise ManifestError(where, field, 'must be {"offsets": [...], "bytes": [...], "xxh3_64": [...]}')
+        offsets = _list(d["offsets"], where, f"{field}.offsets", samples)
+        lengths = _list(d["bytes"], where, f"{field}.bytes", samples)
+        digests = _list(d["xxh3_64"], where, f"{field}.xxh3_64", samples)
+        for i in range(samples):
+            o = _int(offsets[i], where, f"{field}.offsets[{i}]", 0, size - BLOCK)
+            n = _int(lengths[i], where, f"{field}.bytes[{i}]", BLOCK, size)
+            if o % BLOCK or n % BLOCK or o + n > size:
+                raise ManifestError(
+                    where, f"{field}[{i}]", f"a member must lie in whole 512-byte tar blocks inside the shard ({size} bytes)"
+                )
+            if not isinstance(digests[i], str) or not XXH3.fullmatch(digests[i]):
+                raise ManifestError(where, f"{field}.xxh3_64[{i}]", "must be 16 lowercase hex digits")
+        return cls(
+            np.asarray(offsets, dtype=np.uint32 if size < 1 << 32 else np.int64),
+            np.asarray(lengths, dtype=np.uint32 if size < 1 << 32 else np.int64),
+            np.array([int(x, 16) for x in digests], dtype=np.uint64),
+        )
+
+
 class KeyColumn(Sequence[str]):
     """A shard's sample keys in one fixed-width bytes array (~25 bytes a key instead of ~75 for a
     Python string): how ``load(compact=True)`` holds a million keys in tens of MB."""
@@ -168,6 +255,7 @@ class ShardInfo:
     offsets: Sequence[int]
     hr_sizes: Sequence[Sequence[int]]
     probe: str | None = None  # probe_of(first MiB, last MiB); absent in manifests of older builds
+    members: dict[str, MemberColumns] | None = None  # foreign shards (an index): where each member is
 
     def __post_init__(self) -> None:
         n = self.samples
@@ -177,8 +265,11 @@ class ShardInfo:
                 f"{len(self.offsets)} offsets, {len(self.hr_sizes)} hr_sizes"
             )
         offsets = np.asarray(self.offsets, dtype=np.int64)
-        if (n and offsets[0] != 0) or bool(np.any(np.diff(offsets) <= 0)):
+        if (n and offsets[0] != 0 and self.members is None) or bool(np.any(np.diff(offsets) <= 0)):
             raise ManifestError(f"shard {self.name}: offsets must start at 0 and increase")
+        for m in (self.members or {}).values():
+            if len(m.offsets) != n or not np.array_equal(offsets, np.minimum(offsets, m.offsets.astype(np.int64))):
+                raise ManifestError(f"shard {self.name}: a sample's offset must be that of its first member")
         if n and offsets[-1] >= self.bytes:
             raise ManifestError(f"shard {self.name}: last offset {offsets[-1]} beyond {self.bytes} bytes")
 
@@ -194,6 +285,8 @@ class ShardInfo:
         }
         if self.probe is not None:
             d["probe"] = self.probe
+        if self.members is not None:
+            d["members"] = {name: cols.to_json() for name, cols in self.members.items()}
         return d
 
     @classmethod
@@ -211,9 +304,15 @@ class ShardInfo:
         digest = _str(d["sha256"], where, f"{f}.sha256")
         if not SHA256.fullmatch(digest):
             raise ManifestError(where, f"{f}.sha256", "must be 64 lowercase hex digits")
+        indexed = "members" in d
         keys = _list(d["keys"], where, f"{f}.keys", samples)
         for i, k in enumerate(keys):
-            if not isinstance(k, str) or not KEY.fullmatch(k):
+            if indexed:
+                if not isinstance(k, str) or not INDEX_KEY.fullmatch(k) or any(p in (".", "..") for p in k.split("/")):
+                    raise ManifestError(
+                        where, f"{f}.keys[{i}]", "must be a relative path without control characters, empty, '.' or '..' segments"
+                    )
+            elif not isinstance(k, str) or not KEY.fullmatch(k):
                 raise ManifestError(
                     where, f"{f}.keys[{i}]", "must be a relative path without dots, control characters or empty segments"
                 )
@@ -221,7 +320,7 @@ class ShardInfo:
         prev = -1
         for i, o in enumerate(offsets):
             _int(o, where, f"{f}.offsets[{i}]", 0, size - 1)
-            if o % 512 or o <= prev or (i == 0 and o != 0):
+            if o % 512 or o <= prev or (i == 0 and o != 0 and not indexed):
                 raise ManifestError(
                     where, f"{f}.offsets[{i}]", "offsets must start at 0, increase, and be multiples of 512 (tar blocks)"
                 )
@@ -234,6 +333,18 @@ class ShardInfo:
         probe = d.get("probe")
         if probe is not None and (not isinstance(probe, str) or not SHA256.fullmatch(probe)):
             raise ManifestError(where, f"{f}.probe", "must be 64 lowercase hex digits")
+        members = None
+        if indexed:
+            if type(d["members"]) is not dict or not d["members"]:
+                raise ManifestError(where, f"{f}.members", "must be an object: member name -> columns")
+            members = {}
+            for mname, cols in d["members"].items():
+                if not isinstance(mname, str) or not MEMBER_NAME.fullmatch(mname):
+                    raise ManifestError(where, f"{f}.members", f"{mname!r} is not a member name")
+                members[mname] = MemberColumns.from_json(cols, where, f"{f}.members.{mname}", samples, size)
+            first = np.min(np.stack([c.offsets.astype(np.int64) for c in members.values()]), axis=0)
+            if not np.array_equal(first, np.asarray(offsets, dtype=np.int64)):
+                raise ManifestError(where, f"{f}.offsets", "a sample's offset must be that of its first member")
         if compact:
             return cls(
                 name,
@@ -245,8 +356,9 @@ class ShardInfo:
                 np.asarray(offsets, dtype=np.uint32 if size < 1 << 32 else np.int64),  # type: ignore[arg-type]
                 np.asarray(sizes, dtype=np.uint16 if max(map(max, sizes)) < 1 << 16 else np.int32).reshape(-1, 2),  # type: ignore[arg-type]
                 probe,
+                members,
             )
-        return cls(name, samples, size, digest, list(keys), list(offsets), [list(wh) for wh in sizes], probe)
+        return cls(name, samples, size, digest, list(keys), list(offsets), [list(wh) for wh in sizes], probe, members)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,6 +369,13 @@ class Manifest:
     shards: list[ShardInfo]
     build: dict[str, Any] = dataclasses.field(default_factory=dict)
     identity: str | None = dataclasses.field(default=None, compare=False)  # sha256 of the file it was read from
+    members: MemberNames | None = None  # an index of foreign shards (shardmaker index); None: our own shards
+
+    def member_names(self, scale: int) -> tuple[str, str]:
+        """The HR member and the x``scale`` LR member of every sample (``hr.png``, ``lr_x4.png``)."""
+        if self.members is None:
+            return hr_member(self.codec), lr_member(scale, self.codec)
+        return self.members.hr, self.members.lr[scale]
 
     @property
     def digest(self) -> str:
@@ -273,7 +392,7 @@ class Manifest:
         return sum(s.bytes for s in self.shards)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "format": FORMAT,
             "codec": self.codec,
             "scales": list(self.scales),
@@ -281,8 +400,11 @@ class Manifest:
             "samples": self.samples,
             "bytes": self.bytes,
             "build": self.build,
-            "shards": [s.to_json() for s in self.shards],
         }
+        if self.members is not None:
+            d["members"] = self.members.to_json()
+        d["shards"] = [s.to_json() for s in self.shards]
+        return d
 
     def dumps(self) -> builtins.bytes:  # the property `bytes` above shadows the type in this class
         return (json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n").encode()
@@ -296,8 +418,11 @@ class Manifest:
         for k in ("codec", "scales", "lr_method", "shards"):
             if k not in d:
                 raise ManifestError(where, k, "missing")
+        members = MemberNames.from_json(d["members"], where) if "members" in d else None
         codec = _str(d["codec"], where, "codec")
-        if codec not in CODECS:
+        if members is not None and codec != codec_of(members.hr):
+            raise ManifestError(where, "codec", f"must be the HR member's extension, {codec_of(members.hr)!r}")
+        if members is None and codec not in CODECS:
             raise ManifestError(where, "codec", f"must be one of {', '.join(CODECS)}")
         scales = _list(d["scales"], where, "scales")
         if not scales:
@@ -309,6 +434,8 @@ class Manifest:
         lr_method = _str(d["lr_method"], where, "lr_method")
         if lr_method not in LR_METHODS:
             raise ManifestError(where, "lr_method", f"must be one of {', '.join(LR_METHODS)}")
+        if members is not None and (sorted(members.lr) != scales or lr_method != "provided"):
+            raise ManifestError(where, "members", "an index names one LR member per scale, and its lr_method is 'provided'")
         build = d.get("build", {})
         if type(build) is not dict:
             raise ManifestError(where, "build", "must be an object")
@@ -324,12 +451,21 @@ class Manifest:
         if compact:
             _no_parsed(build, where, "build")
         names: set[str] = set()
-        for sh in shards:
+        want = None if members is None else set(members.names())
+        for i, sh in enumerate(shards):
+            if (sh.members is None) != (want is None) or (sh.members is not None and set(sh.members) != want):
+                raise ManifestError(
+                    where,
+                    f"shards[{i}] ({sh.name}).members",
+                    f"must list exactly the members {sorted(want or [])}"
+                    if want
+                    else "only an index of foreign shards lists members",
+                )
             if sh.name in names:
                 raise ManifestError(where, "shards", f"shard {sh.name} is listed twice")
             names.add(sh.name)
         _check_unique_keys(shards, where)
-        m = cls(codec, list(scales), lr_method, shards, dict(build))
+        m = cls(codec, list(scales), lr_method, shards, dict(build), members=members)
         for total in ("samples", "bytes"):
             if total in d and (type(d[total]) is not int or d[total] != getattr(m, total)):
                 raise ManifestError(where, total, "does not add up over the shards")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import tarfile
 from collections.abc import Callable, Iterator
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 BLOCK = 512
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
@@ -84,18 +84,57 @@ def _header(header: bytes, pos: int) -> tuple[int, bytes] | None:
     return _field_int(header[124:136], "member size", pos), header[156:157]
 
 
-def iter_members(
-    f: BinaryIO, limit: int | None = None, want: Callable[[str], bool] | None = None, skipped: bool = False
-) -> Iterator[tuple[str, int, Any]]:
-    """Yield ``(name, header_offset, data)`` for regular members from the current position.
+class Entry(NamedTuple):
+    """One regular member: its name, where its entry starts (its first header, long-name or PAX
+    header included) and ends (after the data's padding), counted from where reading started, and
+    its data (None where it was seeked over)."""
 
-    ``header_offset`` counts from where reading started. Stops at the end-of-archive block or
-    once ``limit`` bytes have been consumed; data that ends before either is a TarFormatError. Members for which ``want(name)``
-    is false are skipped with a seek: their data is never read (with ``skipped=True`` they are
+    name: str
+    start: int
+    end: int
+    data: Any
+
+
+_MAX_PAX = 1 << 20
+
+
+def _pax_records(raw: bytes, pos: int) -> dict[str, str]:
+    """A PAX extended header's ``LEN key=value`` records, one a line (POSIX.1-2001)."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(raw) and raw[i] != 0:
+        space = raw.find(b" ", i)
+        if space < 0 or not raw[i:space].isdigit():
+            raise TarFormatError(f"bad PAX header record at byte {pos}")
+        n = int(raw[i:space])
+        rec = raw[space + 1 : i + n]
+        if n <= space - i or i + n > len(raw) or not rec.endswith(b"\n") or b"=" not in rec:
+            raise TarFormatError(f"bad PAX header record at byte {pos}")
+        k, _, v = rec[:-1].partition(b"=")
+        try:
+            out[k.decode("utf-8")] = v.decode("utf-8")
+        except UnicodeDecodeError:
+            raise TarFormatError(f"PAX header record at byte {pos} is not UTF-8") from None
+        i += n
+    return out
+
+
+def iter_entries(
+    f: BinaryIO, limit: int | None = None, want: Callable[[str], bool] | None = None, skipped: bool = False
+) -> Iterator[Entry]:
+    """Yield an :class:`Entry` for each regular member from the current position.
+
+    Offsets count from where reading started. Stops at the end-of-archive block or once ``limit``
+    bytes have been consumed; data that ends before either is a TarFormatError. GNU long names and
+    PAX ``path``/``size`` records (what Python's tarfile, hence ``wds.ShardWriter``, writes for long
+    or non-ASCII names) apply to the member that follows them. Members for which ``want(name)`` is
+    false are skipped with a seek: their data is never read (with ``skipped=True`` they are
     yielded with ``data`` None, so a caller still sees every name and offset).
     """
     pos = 0
     long_name: str | None = None
+    pax: dict[str, str] = {}
+    pending = False  # a long-name or PAX header waits for its member
     entry_start = 0
     end = _NO_LIMIT if limit is None else limit
     while pos < end:
@@ -109,20 +148,30 @@ def iter_members(
         if parsed is None:
             return
         size, kind = parsed
-        if long_name is None:
+        if not pending:
             entry_start = pos
+        if kind not in (b"L", b"x", b"g") and "size" in pax:
+            try:
+                size = int(pax["size"])
+            except ValueError:
+                raise TarFormatError(f"PAX size of the member at byte {pos} is not a number") from None
         padded = size + (-size) % BLOCK
         if padded > end - pos - BLOCK:  # every size is bounded by the bytes left: no seeking back, no huge reads
             raise TarFormatError(f"member at byte {pos} claims {size} bytes; only {max(0, end - pos - BLOCK)} are left")
         pos += BLOCK
-        if kind == b"L":  # GNU long name for the next header
-            if size > _MAX_LONG_NAME:
-                raise TarFormatError(f"long name of {size} bytes at byte {pos - BLOCK}")
-            long_name = _field_str(_read_exact(f, padded, f"name at byte {pos - BLOCK}")[:size], pos - BLOCK)
+        if kind in (b"L", b"x", b"g"):  # GNU long name, PAX header for the next member, PAX global header
+            if size > (_MAX_LONG_NAME if kind == b"L" else _MAX_PAX):
+                raise TarFormatError(f"extended header of {size} bytes at byte {pos - BLOCK}")
+            body = _read_exact(f, padded, f"extended header at byte {pos - BLOCK}")[:size]
+            if kind == b"L":
+                long_name = _field_str(body, pos - BLOCK)
+            elif kind == b"x":
+                pax = _pax_records(body, pos - BLOCK)
             pos += padded
+            pending = kind != b"g" or pending
             continue
-        name = long_name if long_name is not None else _member_name(header, pos - BLOCK)
-        long_name = None
+        name = pax["path"] if "path" in pax else long_name if long_name is not None else _member_name(header, pos - BLOCK)
+        long_name, pax, pending = None, {}, False
         if kind not in (b"0", b"\0"):
             f.seek(padded, io.SEEK_CUR)
             pos += padded
@@ -131,13 +180,21 @@ def iter_members(
             f.seek(padded, io.SEEK_CUR)
             pos += padded
             if skipped:
-                yield name, entry_start, None
+                yield Entry(name, entry_start, pos, None)
             continue
         data = _read_exact(f, size, f"member {name!r} at byte {pos - BLOCK}")
         if padded != size:
             f.seek(padded - size, io.SEEK_CUR)
         pos += padded
-        yield name, entry_start, data
+        yield Entry(name, entry_start, pos, data)
+
+
+def iter_members(
+    f: BinaryIO, limit: int | None = None, want: Callable[[str], bool] | None = None, skipped: bool = False
+) -> Iterator[tuple[str, int, Any]]:
+    """``(name, header_offset, data)`` for each regular member: :func:`iter_entries` without the ends."""
+    for e in iter_entries(f, limit, want, skipped):
+        yield e.name, e.start, e.data
 
 
 def iter_samples(
