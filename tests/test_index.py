@@ -19,7 +19,7 @@ import wdsr
 from shardmaker.cli import main as sm_main
 from shardmaker.format import manifest as mf
 from shardmaker.resize import ResizeMethod, downscale
-from shardmaker.verify import verify
+from shardmaker.verify import info_text, verify
 from tests.conftest import S3_BUCKET, load_rgb, photos
 
 SET5 = ("baby", "bird", "butterfly", "head", "woman")
@@ -101,6 +101,8 @@ def test_index_wds_shardwriter_png_then_stream_every_image_exactly(tmp_path, ref
     for key, (hr, lr) in expect.items():
         assert np.array_equal(got[key][0], hr) and np.array_equal(got[key][1], lr), key
     assert verify(str(folder), deep=True, progress=False) == []
+    text = info_text(str(folder))
+    assert "png + x4: x4.png" in text and "1 samples or shards" in text
 
 
 @pytest.mark.filterwarnings("ignore:String specifications for transformations:UserWarning")
@@ -239,8 +241,9 @@ def test_a_member_changed_after_indexing_is_named_and_skipped(tmp_path, refdata,
     try:
         with pytest.raises(wdsr.SampleError, match=rf"{info.name}.*{key}.*png does not match its xxh3_64 in the index"):
             _val_images("memory://flipped", workers=0)
-        got = _val_images("memory://flipped", on_error="skip")
-        assert sorted(got) == sorted(set(expect) - {key})
+        ds = wdsr.SRDataset("memory://flipped", split="val", scale=4, on_error="skip")
+        got = [item.key for item in wdsr.make_loader(ds, num_workers=2)]
+        assert sorted(got) == sorted(set(expect) - {key}) and ds.stats.totals()["skipped"] == 1
     finally:
         mem.rm("/flipped", recursive=True)
 

@@ -207,12 +207,7 @@ class ShardReader:
             f.seek(int(info.offsets[span.start]))
             for i in range(span.start, span.stop):
                 t0 = time.perf_counter_ns()
-                chunks = []
-                for begin, end in _reads(info, i, wanted):
-                    f.seek(begin)
-                    chunks.append((begin, f, end - begin))
-                    if info.members is not None:  # one read per group: the next group seeks the same file
-                        chunks[-1] = (begin, _View(f.read(end - begin)), end - begin)
+                chunks = [(begin, f, end - begin, begin) for begin, end in _reads(info, i, wanted)]
                 yield _raw_sample(info, span, i, chunks, wanted, t0)
 
     def _check_probe(self, f: Any, path: str, info: ShardInfo) -> None:
@@ -256,7 +251,7 @@ class ShardReader:
                     data, ns = pending.popleft().result() if ahead else fetch(i)
                 except remote.ReadFailed as exc:
                     raise SampleError(rf.url, None, f"{exc.reason} (sample {info.keys[i]!r})") from None
-                chunks = [(a, _View(d), len(d)) for a, d in data]
+                chunks = [(a, _View(d), len(d), 0) for a, d in data]
                 raw = _raw_sample(info, span, i, chunks, wanted, time.perf_counter_ns(), ns)
                 yield raw
                 del data, raw
@@ -266,13 +261,21 @@ class ShardReader:
 
 
 def _raw_sample(
-    info: ShardInfo, span: Span, i: int, chunks: list[tuple[int, Any, int]], wanted: frozenset[str], t0: int, read_ns: int = 0
+    info: ShardInfo,
+    span: Span,
+    i: int,
+    chunks: list[tuple[int, Any, int, int]],
+    wanted: frozenset[str],
+    t0: int,
+    read_ns: int = 0,
 ) -> RawSample:
-    """Sample ``i`` of ``info`` from its reads (``(first byte in the shard, file at it, length)``), with the wanted members."""
+    """Sample ``i`` of ``info`` from its byte ranges: ``(first byte in the shard, file, length, where
+    that byte is in the file)`` each (a shard file, or a buffer that holds just the range)."""
     key = info.keys[i]
     digests = None
     if info.members is None:
-        _, f, length = chunks[0]
+        _, f, length, at = chunks[0]
+        f.seek(at)
         members = _members(f, length, info.name, key, wanted)
     else:
         members = _indexed_members(chunks, info, i, wanted)
@@ -309,7 +312,7 @@ def _reads(info: ShardInfo, i: int, wanted: frozenset[str]) -> list[tuple[int, i
 
 
 def _indexed_members(
-    chunks: list[tuple[int, Any, int]], info: ShardInfo, i: int, wanted: frozenset[str]
+    chunks: list[tuple[int, Any, int, int]], info: ShardInfo, i: int, wanted: frozenset[str]
 ) -> dict[str, bytes | memoryview]:
     """The wanted members of foreign sample ``i``, each found at the offset the index records and
     under the name it records (``{key}.{member}``); anything else there is a SampleError."""
@@ -318,7 +321,8 @@ def _indexed_members(
     expect = {f"{key}.{n}": (n, int(c.offsets[i])) for n, c in info.members.items() if n in wanted}
     out: dict[str, bytes | memoryview] = {}
     try:
-        for start, f, length in chunks:
+        for start, f, length, at in chunks:
+            f.seek(at)
             for e in tario.iter_entries(f, limit=length, want=expect.__contains__):
                 member, offset = expect[e.name]
                 if start + e.start != offset:
