@@ -106,3 +106,49 @@ def test_iter_samples_refuses_a_member_twice_in_a_sample_even_unread(want):
         list(tario.iter_samples(io.BytesIO(data), want=want))
     # the same extension in the next sample is fine
     assert len(list(tario.iter_samples(io.BytesIO(_archive([("a.hr.png", b"1"), ("b.hr.png", b"2")]))))) == 2
+
+
+def _pax_tar(records: bytes, data: bytes = b"x" * 700) -> bytes:
+    """A PAX extended header with ``records`` (raw bytes), then a member "short.png" of ``data``."""
+    ext = tarfile.TarInfo("././@PaxHeader")
+    ext.type = tarfile.XHDTYPE
+    ext.size = len(records)
+    head = ext.tobuf(format=tarfile.USTAR_FORMAT)
+    pad = b"\0" * ((-len(records)) % 512)
+    member = tarfile.TarInfo("short.png")
+    member.size = len(data)
+    return head + records + pad + member.tobuf(format=tarfile.USTAR_FORMAT) + data + b"\0" * ((-len(data)) % 512) + b"\0" * 1024
+
+
+def test_pax_path_and_size_records_apply_to_the_next_member():
+    name = "dir/" + "é" * 120 + ".hr.png"
+    body = f" path={name}\n".encode()
+    total = len(body) + len(str(len(body)))
+    total = len(body) + len(str(total))  # the length counts its own digits
+    rec = str(total).encode() + body
+    (e,) = list(tario.iter_entries(io.BytesIO(_pax_tar(rec)), want=lambda n: True))
+    assert e.name == name and e.data == b"x" * 700 and e.start == 0
+    # Python's tarfile (and so wds.ShardWriter) writes such headers: the same names come back
+    b = io.BytesIO()
+    with tarfile.open(fileobj=b, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for n in (name, "plain.txt"):
+            ti = tarfile.TarInfo(n)
+            ti.size = 3
+            t.addfile(ti, io.BytesIO(b"abc"))
+    assert [(e.name, e.data) for e in tario.iter_entries(io.BytesIO(b.getvalue()))] == [(name, b"abc"), ("plain.txt", b"abc")]
+
+
+@pytest.mark.parametrize("records", [
+    b"99 path=a\n",  # longer than the header
+    b"x path=a\n",  # not a length
+    b"3 path=a\n",  # shorter than its own text
+    b"11 path=a\n\n\n",  # no "\n" where the length ends
+    b"9 pathab\n",  # no "="
+    b"12 path=\xff\xfe\n",  # not UTF-8
+    b"11 size=-5\n",  # negative: would read the rest of the stream
+    b"14 size=1e300\n",  # not a number of bytes
+    b"15 size=999999\n",  # more than is left
+])
+def test_bad_pax_records_are_tar_format_errors(records):
+    with pytest.raises(tario.TarFormatError):
+        list(tario.iter_entries(io.BytesIO(_pax_tar(records))))

@@ -151,10 +151,9 @@ def iter_entries(
         if not pending:
             entry_start = pos
         if kind not in (b"L", b"x", b"g") and "size" in pax:
-            try:
-                size = int(pax["size"])
-            except ValueError:
-                raise TarFormatError(f"PAX size of the member at byte {pos} is not a number") from None
+            if not pax["size"].isascii() or not pax["size"].isdigit() or len(pax["size"]) > 20:
+                raise TarFormatError(f"PAX size of the member at byte {pos} is not a number of bytes")
+            size = int(pax["size"])
         padded = size + (-size) % BLOCK
         if padded > end - pos - BLOCK:  # every size is bounded by the bytes left: no seeking back, no huge reads
             raise TarFormatError(f"member at byte {pos} claims {size} bytes; only {max(0, end - pos - BLOCK)} are left")
