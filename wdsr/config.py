@@ -47,6 +47,9 @@ class DatasetConfig:
     fetch: Fetch = Fetch.RANGES
     cache_dir: str | None = None
     cache_limit: int | None = None
+    # node-wide decoded pairs (wdsr.decoded): e.g. /dev/shm/wdsr; the limit in bytes (None: all)
+    decoded_cache: str | None = None
+    decoded_cache_limit: int | None = None
 
     def __post_init__(self) -> None:
         for name, kind in (("split", Split), ("on_error", OnError), ("verify", Verify), ("fetch", Fetch)):
@@ -61,6 +64,8 @@ class DatasetConfig:
             raise ValueError(f"tile_overlap must be in [0, tile), got {self.tile_overlap} for tile {self.tile}")
         if self.read_ahead < 0:
             raise ValueError(f"read_ahead must be >= 0, got {self.read_ahead}")
+        if self.decoded_cache_limit is not None and self.decoded_cache_limit <= 0:
+            raise ValueError(f"decoded_cache_limit must be a positive number of bytes, got {self.decoded_cache_limit}")
         if self.split is Split.TRAIN:
             self.patch_config()
 

@@ -23,6 +23,7 @@ from shardmaker.format import manifest as mf
 from wdsr import env, urls
 from wdsr.config import DatasetConfig, Split
 from wdsr.decode import DecodedPair, Verify
+from wdsr.decoded import DecodedCache
 from wdsr.handoff import BatchPool
 from wdsr.plan import Span, TrainPlan, mix_counts, mix_segments, slice_length, val_plan
 from wdsr.read import ShardReader
@@ -110,12 +111,28 @@ class SRDataset(IterableDataset):
                     "(shardmaker index) records xxh3_64: use verify='xxh3_64'"
                 )
             reader = ShardReader(folder, m, storage_options, self.config.read_config())
-            sources.append(Source(reader, self.config.scale, self.config.verify, self.config.max_pixels, self.stats, errors))
+            cache = self._decoded_cache(m, parts)
+            sources.append(
+                Source(reader, self.config.scale, self.config.verify, self.config.max_pixels, self.stats, errors, cache)
+            )
         self.url = parts[0][0]  # the (first) dataset folder
         self.reader = sources[0].reader
         self.manifest, self._source, self.mix = _combine(parts, sources, weights, epoch_samples)
         self.identity = self.manifest.digest  # tells datasets (and mixes) apart in a saved state
         self._epoch_request = (0, 0)  # (times set_epoch was called, epoch): loaders pick it up
+
+    def _decoded_cache(self, m: mf.Manifest, parts: list[tuple[str, mf.Manifest]]) -> DecodedCache | None:
+        """This dataset's part of the node-wide decoded cache; in a mix, each source gets the share
+        of ``decoded_cache_limit`` its pixels are of the union's."""
+        c = self.config
+        if c.decoded_cache is None:
+            return None
+        limit = c.decoded_cache_limit
+        if limit is not None and len(parts) > 1:
+            pixels = [sum(int(w) * int(h) for sh in p.shards for w, h in sh.hr_sizes) for _, p in parts]
+            mine = sum(int(w) * int(h) for sh in m.shards for w, h in sh.hr_sizes)
+            limit = max(1, limit * mine // max(1, sum(pixels)))
+        return DecodedCache(c.decoded_cache, m.digest, c.scale, limit, m.shards)
 
     def __repr__(self) -> str:
         c = self.config
@@ -262,14 +279,15 @@ class SRDataset(IterableDataset):
     def _val_sample(self, pair: DecodedPair) -> ValSample:
         c = self.config
         s = c.scale
-        lh, lw = pair.lr.shape[:2]
+        hr_img, lr_img = pair.hwc()
+        lh, lw = lr_img.shape[:2]
         if c.tile is None:
             boxes = None
-            lr, hr = pair.lr[None], pair.hr[None]
+            lr, hr = lr_img[None], hr_img[None]
         else:
             boxes = tile_boxes(lh, lw, c.tile, c.tile_overlap)
-            lr = np.stack([pair.lr[y : y + h, x : x + w] for y, x, h, w in boxes])
-            hr = np.stack([pair.hr[s * y : s * (y + h), s * x : s * (x + w)] for y, x, h, w in boxes])
+            lr = np.stack([lr_img[y : y + h, x : x + w] for y, x, h, w in boxes])
+            hr = np.stack([hr_img[s * y : s * (y + h), s * x : s * (x + w)] for y, x, h, w in boxes])
         lr_t = torch.from_numpy(_nchw(lr))
         hr_t = torch.from_numpy(_nchw(hr))
         return ValSample(lr_t, hr_t, pair.key, boxes, (lw, lh))

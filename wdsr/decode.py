@@ -34,6 +34,23 @@ class DecodedPair:
     lr: np.ndarray
     decode_ns: int  # image decoding alone
     verify_ns: int  # checking member digests
+    chw: bool = False  # planar C x H x W arrays (from the decoded cache), else H x W [x C]
+
+    @property
+    def lr_hw(self) -> tuple[int, int]:
+        """LR (height, width), whatever the layout."""
+        shape = self.lr.shape
+        return (shape[1], shape[2]) if self.chw else (shape[0], shape[1])
+
+    def hwc(self) -> tuple[np.ndarray, np.ndarray]:
+        """(HR, LR) as H x W [x C] arrays (views of planar ones)."""
+        if not self.chw:
+            return self.hr, self.lr
+        return _hwc(self.hr), _hwc(self.lr)
+
+
+def _hwc(a: np.ndarray) -> np.ndarray:
+    return a[0] if a.shape[0] == 1 else a.transpose(1, 2, 0)
 
 
 def wanted_members(m: Manifest, scale: int) -> frozenset[str]:

@@ -47,6 +47,7 @@ def _worker_init(_worker_id: int) -> None:
 
 
 STATE_FORMAT = "wdsr-loader/1"
+PATCH_DRAWS = "splitmix64/1"  # how patch positions are drawn (wdsr.patches.draws); states before it: numpy PCG64
 _MATCH = (
     "scale",
     "patch_size",
@@ -206,6 +207,7 @@ class SRLoader(DataLoader):
             "num_workers": self.num_workers,
             "epoch": int(epoch),
             "batches": int(done),
+            "patch_draws": PATCH_DRAWS,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -219,6 +221,13 @@ class SRLoader(DataLoader):
         if state["format"] != STATE_FORMAT:
             raise LoaderStateError(f"loader state format {state['format']!r}; this wdsr reads {STATE_FORMAT!r}")
         ds = self.sr_dataset
+        if state.get("patch_draws") != PATCH_DRAWS:
+            log.warning(
+                "the loader state was saved by a wdsr that drew patch positions another way (%s); the run "
+                "continues at the same batch with the same images, but the rest of this epoch cuts other patches "
+                "than that version would have",
+                state.get("patch_draws", "numpy PCG64"),
+            )
         if state["dataset"] != ds.identity:
             raise LoaderStateError(
                 f"the loader state is from another dataset (manifest sha256 {str(state['dataset'])[:12]}..., "

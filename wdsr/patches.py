@@ -1,7 +1,7 @@
 """Aligned random patches: LR top-left (y, x) uniform, HR at (s*y, s*x), same dihedral transform.
 
-Each patch's coordinates and transform come from a generator seeded by (seed, epoch, key, j), so
-they do not depend on world size, worker count or reading order.
+Each patch's coordinates and transform are a hash of (seed, epoch, key, j) (``draws``), so they
+do not depend on world size, worker count or reading order, and any patch is computed directly.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import hashlib
 import numpy as np
 
 from shardmaker import _compat
-from wdsr.augment import N_DIHEDRAL, dihedral_view, to_chw
+from wdsr.augment import N_DIHEDRAL, patch_chw
 from wdsr.decode import DecodedPair
 from wdsr.errors import SampleError
 
@@ -49,44 +49,79 @@ def key_hash(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
-def patch_rng(seed: int, epoch: int, key: str | int, j: int) -> np.random.Generator:
-    """The generator of patch ``j`` of ``key`` (a key or its ``key_hash``) in this epoch."""
-    return np.random.default_rng([seed, epoch, key if isinstance(key, int) else key_hash(key), j])
+# Patch draws are a counter-based hash (splitmix64's finaliser) of (seed, epoch, key, j, try, field):
+# any patch's coordinates are computed directly, for a whole run of patches in a few numpy calls.
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31, _S32 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(32)
+_FIELDS = 4  # y, x, transform, (spare) per try
+_TRIES = 64  # counters per patch: _FIELDS x up to 16 tries (more tries reuse the last ones' slots)
 
 
-def cut(pair: DecodedPair, spec: PatchConfig, rng: np.random.Generator, j: int) -> tuple[Patch, int]:
-    """One patch (and how many candidates were rejected as flat)."""
+def _mix(z: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> _S30)) * _M1
+        z = (z ^ (z >> _S27)) * _M2
+    return z ^ (z >> _S31)
+
+
+def draw_base(seed: int, epoch: int, key: str | int) -> np.uint64:
+    """The stream of one sample's patches in one epoch (a key or its ``key_hash``)."""
+    kh = key if isinstance(key, int) else key_hash(key)
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{kh}".encode(), digest_size=8).digest()
+    return np.uint64(int.from_bytes(digest, "little"))
+
+
+def draws(base: np.uint64, js: np.ndarray, tr: int, bounds: tuple[int, int, int]) -> np.ndarray:
+    """``[len(js), 3]`` draws (y, x, transform) of try ``tr`` of patches ``js``, each uniform in
+    ``[0, bound)``: the high 32 bits of a 64-bit hash times the bound (bounds are < 2^32)."""
+    counters = js.astype(np.uint64)[:, None] * np.uint64(_TRIES) + np.uint64((tr % 16) * _FIELDS) + np.arange(3, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        h = _mix(base + counters * _GOLDEN)
+    return ((h >> _S32) * np.array(bounds, dtype=np.uint64)) >> _S32
+
+
+def cut(pair: DecodedPair, spec: PatchConfig, base: np.uint64, j: int, first: np.ndarray | None = None) -> tuple[Patch, int]:
+    """Patch ``j`` (and how many candidates were rejected as flat); ``first``: its try-0 draws."""
     s, p = spec.scale, spec.patch_size // spec.scale
-    lh, lw = pair.lr.shape[:2]
+    lh, lw = pair.lr_hw
     if lh < p or lw < p:
         raise SampleError(pair.shard, pair.key, f"LR {lw}x{lh} is smaller than the LR patch {p}x{p}")
+    bounds = (lh - p + 1, lw - p + 1, N_DIHEDRAL if spec.augment else 1)
+    d = first if first is not None else draws(base, np.array([j]), 0, bounds)[0]
+    y, x, t = int(d[0]), int(d[1]), int(d[2])
     rejected = 0
-    best: tuple[float, int, int] | None = None
-    for _ in range(spec.max_tries):
-        y, x = int(rng.integers(0, lh - p + 1)), int(rng.integers(0, lw - p + 1))
-        if spec.min_patch_std is None:
-            best = (0.0, y, x)
-            break
-        std = float(pair.lr[y : y + p, x : x + p].std())
-        if best is None or std > best[0]:
-            best = (std, y, x)
-        if std >= spec.min_patch_std:
-            break
-        rejected += 1
-    assert best is not None
-    _, y, x = best
-    t = int(rng.integers(0, N_DIHEDRAL)) if spec.augment else 0
-    lr = dihedral_view(pair.lr[y : y + p, x : x + p], t)
-    hr = dihedral_view(pair.hr[s * y : s * (y + p), s * x : s * (x + p)], t)
-    return Patch(to_chw(lr), to_chw(hr), pair.key, j), rejected
+    if spec.min_patch_std is not None:
+        best: tuple[float, int, int] | None = None
+        for tr in range(spec.max_tries):
+            if tr:
+                d = draws(base, np.array([j]), tr, bounds)[0]
+            cy, cx = int(d[0]), int(d[1])
+            std = float((pair.lr[:, cy : cy + p, cx : cx + p] if pair.chw else pair.lr[cy : cy + p, cx : cx + p]).std())
+            if best is None or std > best[0]:
+                best = (std, cy, cx)
+            if std >= spec.min_patch_std:
+                break
+            rejected += 1
+        assert best is not None
+        _, y, x = best
+    if pair.chw:  # planar arrays (the decoded cache)
+        lr_v, hr_v = pair.lr[:, y : y + p, x : x + p], pair.hr[:, s * y : s * (y + p), s * x : s * (x + p)]
+    else:
+        lr_v, hr_v = pair.lr[y : y + p, x : x + p], pair.hr[s * y : s * (y + p), s * x : s * (x + p)]
+    return Patch(patch_chw(lr_v, t, pair.chw), patch_chw(hr_v, t, pair.chw), pair.key, j), rejected
 
 
 def cut_patches(pair: DecodedPair, spec: PatchConfig, seed: int, epoch: int, first: int, count: int) -> tuple[list[Patch], int]:
     """Patches ``first .. first+count-1`` of this pair (j is offset by the plan's wrap count)."""
     out, rejected = [], 0
-    kh = key_hash(pair.key)
-    for j in range(first, first + count):
-        patch, r = cut(pair, spec, patch_rng(seed, epoch, kh, j), j)
+    base = draw_base(seed, epoch, pair.key)
+    p = spec.patch_size // spec.scale
+    lh, lw = pair.lr_hw
+    js = np.arange(first, first + count)
+    firsts = draws(base, js, 0, (max(1, lh - p + 1), max(1, lw - p + 1), N_DIHEDRAL if spec.augment else 1))
+    for n, j in enumerate(range(first, first + count)):
+        patch, r = cut(pair, spec, base, j, firsts[n])
         out.append(patch)
         rejected += r
     return out, rejected

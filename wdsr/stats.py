@@ -23,6 +23,8 @@ FIELDS = (
     "retries",
     "cache_hits",
     "cache_misses",
+    "decoded_hits",
+    "decoded_stores",
     "peak_rss_kb",
     "peak_private_kb",
 )

@@ -25,6 +25,7 @@ import torch
 
 from shardmaker.errors import OnError
 from wdsr.decode import DecodedPair, Verify, decode_pair, wanted_members
+from wdsr.decoded import DecodedCache
 from wdsr.errors import SampleError
 from wdsr.handoff import BatchPool, SlotRef
 from wdsr.patches import Patch, PatchConfig, cut_patches
@@ -67,6 +68,7 @@ class Source:
     max_pixels: int
     stats: SharedStats
     errors: ErrorPolicy
+    cache: DecodedCache | None = None  # node-wide decoded pairs (wdsr.decoded)
 
     def shard_name(self, index: int) -> str:
         return self.reader.manifest.shards[index].name
@@ -74,38 +76,64 @@ class Source:
     def pairs(self, spans: Iterable[Span], worker: int, count: bool = True) -> Generator[DecodedPair | None, None, None]:
         """One item per sample of ``spans``, in order: the decoded pair, or None for a sample that
         cannot be used. Its error has gone to the policy already (which raises it under ``fail``;
-        ``count=False``, for look-aheads, leaves the counting to the pass that reaches it)."""
+        ``count=False``, for look-aheads, leaves the counting to the pass that reaches it). With a
+        decoded cache, cached samples are mapped from it; runs of the others are read and decoded."""
+        if self.cache is None:
+            for span in spans:
+                yield from self._decoded(span, worker, count)
+            return
+        for span in spans:
+            info = self.reader.manifest.shards[span.shard_index]
+            i = span.start
+            while i < span.stop:
+                if self.cache.has(info.keys[i]):
+                    hit = self.cache.lookup(info.keys[i])
+                    if hit is not None:
+                        self.stats.add(worker, samples=1, decoded_hits=1)
+                        yield DecodedPair(info.name, info.keys[i], span.rep, hit[0], hit[1], 0, 0, chw=True)
+                        i += 1
+                        continue
+                    j = i + 1  # there but unreadable (being removed?): decode this one
+                else:
+                    j = i + 1
+                    while j < span.stop and not self.cache.has(info.keys[j]):
+                        j += 1
+                yield from self._decoded(Span(span.shard_index, i, j, span.rep), worker, count)
+                i = j
+
+    def _decoded(self, span: Span, worker: int, count: bool) -> Generator[DecodedPair | None, None, None]:
         manifest = self.reader.manifest
         wanted, names = wanted_members(manifest, self.scale), manifest.member_names(self.scale)
-        for span in spans:
-            pos = span.start
-            while pos < span.stop:
-                try:
-                    for raw in self.reader.span(Span(span.shard_index, pos, span.stop, span.rep), wanted):
-                        pos = raw.index + 1
-                        self.stats.add(worker, samples=1, bytes_read=raw.nbytes, read_ns=raw.read_ns, **self.reader.take_counts())
-                        try:
-                            pair = decode_pair(raw, names, self.scale, self.verify, self.max_pixels)
-                        except SampleError as exc:
-                            if count:
-                                self.errors(worker, exc)
-                            elif self.errors.on_error is OnError.FAIL:
-                                raise
-                            yield None
-                            continue
-                        self.stats.add(worker, decode_ns=pair.decode_ns, verify_ns=pair.verify_ns)
-                        yield pair
-                        del pair, raw  # hold nothing while the next sample is read and decoded
-                except SampleError as exc:
-                    self.stats.add(worker, **self.reader.take_counts())
-                    lost = span.stop - pos if exc.key is None else 1
-                    if count:
-                        self.errors(worker, exc, lost)
-                    elif self.errors.on_error is OnError.FAIL:
-                        raise
-                    for _ in range(lost):
+        pos = span.start
+        while pos < span.stop:
+            try:
+                for raw in self.reader.span(Span(span.shard_index, pos, span.stop, span.rep), wanted):
+                    pos = raw.index + 1
+                    self.stats.add(worker, samples=1, bytes_read=raw.nbytes, read_ns=raw.read_ns, **self.reader.take_counts())
+                    try:
+                        pair = decode_pair(raw, names, self.scale, self.verify, self.max_pixels)
+                    except SampleError as exc:
+                        if count:
+                            self.errors(worker, exc)
+                        elif self.errors.on_error is OnError.FAIL:
+                            raise
                         yield None
-                    pos += lost
+                        continue
+                    self.stats.add(worker, decode_ns=pair.decode_ns, verify_ns=pair.verify_ns)
+                    if self.cache is not None and self.cache.store(pair.key, pair.hr, pair.lr):
+                        self.stats.add(worker, decoded_stores=1)
+                    yield pair
+                    del pair, raw  # hold nothing while the next sample is read and decoded
+            except SampleError as exc:
+                self.stats.add(worker, **self.reader.take_counts())
+                lost = span.stop - pos if exc.key is None else 1
+                if count:
+                    self.errors(worker, exc, lost)
+                elif self.errors.on_error is OnError.FAIL:
+                    raise
+                for _ in range(lost):
+                    yield None
+                pos += lost
 
 
 class MixSource:
@@ -163,7 +191,7 @@ class TrainStream:
         if item is None:
             return None
         p = self.spec.patch_size // self.spec.scale
-        lh, lw = item.lr.shape[:2]
+        lh, lw = item.lr_hw
         if lh < p or lw < p:
             err = SampleError(item.shard, item.key, f"LR {lw}x{lh} is smaller than the LR patch {p}x{p}")
             if count or self.src.errors.on_error is OnError.FAIL:

@@ -1,0 +1,283 @@
+"""A node-wide cache of decoded pairs: decode once per node, map everywhere.
+
+``SRDataset(..., decoded_cache="/dev/shm/wdsr", decoded_cache_limit=bytes)``: the first process on
+a node that decodes a sample writes its HR (cropped to ``scale`` x LR) and LR arrays to one file
+there; every DataLoader worker of every rank on the node then maps that file read-only and cuts
+patches from it without reading the shard or decoding. On tmpfs (``/dev/shm``) the mapped pages
+are the file's own, so the node holds one copy of each pair, whatever the number of processes.
+
+* Files are named by the dataset's identity (the sha256 of its manifest), the sample key and the
+  scale, so two datasets, or a rebuilt one, never share an entry.
+* A file appears under its name complete or not at all: it is written to a temp name and then
+  hard-linked into place (``link`` fails if another process got there first: one file, whoever
+  wins). A writer killed mid-write leaves only a temp name, which no reader opens; ``wdsr cache
+  clear`` removes those too. A reader also checks the magic, the header and the length.
+* ``decoded_cache_limit``: the samples that are cached are a fixed subset, the same in every
+  process and epoch: keys in the order of their hash, taken while their decoded sizes (from the
+  manifest's HR sizes) fit the limit. The others are decoded as without a cache.
+* A full filesystem (ENOSPC) or any other write error: one warning, the process stops writing and
+  goes on decoding; nothing crashes.
+* Batches are byte-identical with and without the cache: patches are cut from the same pixels.
+  The file holds them planar (C x H x W), so a patch is cut with plain copies, where a decoded
+  H x W x C image needs a transposing copy; its pages are mapped in one call (``MAP_POPULATE``).
+
+File layout: ``b"WDSRPAIR"``, a little-endian uint32 header length, a JSON header (``hr``/``lr``
+shape and dtype, key, scale), zero padding to 4096 bytes, the HR bytes, the LR bytes (C order).
+Nothing in it is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import hashlib
+import json
+import logging
+import mmap
+import os
+import re
+import shutil
+import struct
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+from shardmaker.format.manifest import ShardInfo
+
+log = logging.getLogger("wdsr")
+SUBDIR = "wdsr-decoded-cache"
+MAGIC = b"WDSRPAIR"
+_ALIGN = 4096
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_DTYPES = {"uint8": np.uint8, "uint16": np.uint16}
+_FILE = re.compile(r"[0-9a-f]{32}-x[0-9]{1,2}\.pair")
+_TEMP = re.compile(r"[0-9a-f]{32}-x[0-9]{1,2}\.pair\.tmp\.[0-9]+\.[0-9a-f]+")
+_DATASET = re.compile(r"[0-9a-f]{64}")
+
+
+def _name(key: str, scale: int) -> str:
+    return f"{hashlib.sha256(key.encode()).hexdigest()[:32]}-x{scale}.pair"
+
+
+def pair_bytes(hr_size: Sequence[int], scale: int, bytes_per_pixel: int) -> int:
+    """Decoded bytes of one pair: HR cropped to ``scale`` x LR, and LR."""
+    lw, lh = int(hr_size[0]) // scale, int(hr_size[1]) // scale
+    return (scale * scale + 1) * lw * lh * bytes_per_pixel
+
+
+@dataclasses.dataclass
+class DecodedCache:
+    """One dataset's entries in the node's cache folder ``root`` (picklable: opens nothing until used)."""
+
+    root: str
+    identity: str  # the dataset's manifest sha256
+    scale: int
+    limit: int | None  # bytes; None: every sample
+    shards: Sequence[ShardInfo]  # the dataset's keys and HR sizes, to choose the cached subset
+    _admitted: frozenset[str] | None = None
+    _bpp: int | None = None
+    _disabled: bool = False
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and self.limit <= 0:
+            raise ValueError(f"decoded_cache_limit must be a positive number of bytes, got {self.limit}")
+        if not _DATASET.fullmatch(self.identity):
+            raise ValueError(f"not a dataset identity: {self.identity!r}")
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.root) / SUBDIR / self.identity
+
+    def path(self, key: str) -> Path:
+        return self.folder / _name(key, self.scale)
+
+    def has(self, key: str) -> bool:
+        return self.path(key).exists()
+
+    def lookup(self, key: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """The cached (HR, LR) of ``key`` as read-only arrays over a shared mapping, or None."""
+        try:
+            with open(self.path(key), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < _ALIGN:
+                    return None
+                # MAP_POPULATE: the pages are mapped in one call, not faulted in one by one by the crops
+                mm = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
+        except (FileNotFoundError, ValueError, OSError):
+            return None
+        try:
+            if mm[:8] != MAGIC:
+                return None
+            (n,) = struct.unpack("<I", mm[8:12])
+            head = json.loads(mm[12 : 12 + n]) if 12 + n <= _ALIGN else None
+            if not isinstance(head, dict) or (head.get("key"), head.get("scale"), head.get("layout")) != (key, self.scale, "chw"):
+                return None
+            arrays = []
+            at = _ALIGN
+            for part in ("hr", "lr"):
+                shape, dtype = tuple(head[part]["shape"]), _DTYPES[head[part]["dtype"]]
+                if len(shape) != 3 or not all(type(v) is int and v > 0 for v in shape):
+                    return None
+                nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+                if at + nbytes > size:
+                    return None
+                arrays.append(np.frombuffer(mm, dtype=dtype, count=int(np.prod(shape)), offset=at).reshape(shape))
+                at += nbytes
+            if at != size:
+                return None
+            return arrays[0], arrays[1]
+        except (ValueError, KeyError, TypeError, struct.error):
+            return None
+
+    # ---- which samples are cached -------------------------------------------------------------
+    def admits(self, key: str, bytes_per_pixel: int) -> bool:
+        if self.limit is None:
+            return True
+        if self._admitted is None or self._bpp != bytes_per_pixel:
+            self._bpp = bytes_per_pixel
+            self._admitted = self._subset(bytes_per_pixel)
+        return key in self._admitted
+
+    def _subset(self, bpp: int) -> frozenset[str]:
+        """Keys in the order of their xxh3_64, while their decoded sizes fit the limit: the same
+        subset in every process and epoch, so the cached set never churns."""
+        assert self.limit is not None
+        keys = [k for sh in self.shards for k in sh.keys]
+        hashes = np.fromiter((xxhash.xxh3_64_intdigest(k.encode()) for k in keys), dtype=np.uint64, count=len(keys))
+        sizes = np.concatenate([np.asarray(sh.hr_sizes, dtype=np.int64).reshape(-1, 2) for sh in self.shards])
+        lr_pixels = (sizes[:, 0] // self.scale) * (sizes[:, 1] // self.scale)
+        order = np.argsort(hashes, kind="stable")
+        cost = ((self.scale * self.scale + 1) * lr_pixels * bpp + _ALIGN)[order]
+        n = int(np.searchsorted(np.cumsum(cost), self.limit, side="right"))
+        return frozenset(keys[i] for i in order[:n])
+
+    # ---- writing ------------------------------------------------------------------------------
+    def store(self, key: str, hr: np.ndarray, lr: np.ndarray) -> bool:
+        """Write the pair if it is in the cached subset and not there yet; False when not written."""
+        if self._disabled or hr.dtype.name not in _DTYPES:
+            return False
+        bpp = hr.dtype.itemsize * (1 if hr.ndim == 2 else hr.shape[2])
+        if not self.admits(key, bpp):
+            return False
+        final = self.path(key)
+        if final.exists():
+            return False
+        hr, lr = _planar(hr), _planar(lr)  # C x H x W: a patch is then plain copies, no transposing one
+        head = json.dumps(
+            {
+                "key": key,
+                "scale": self.scale,
+                "layout": "chw",
+                "hr": {"shape": list(hr.shape), "dtype": hr.dtype.name},
+                "lr": {"shape": list(lr.shape), "dtype": lr.dtype.name},
+            }
+        ).encode()
+        if 12 + len(head) > _ALIGN:
+            return False  # a key too long for the header: decoded as without a cache
+        temp = final.with_name(f"{final.name}.tmp.{os.getpid()}.{os.urandom(4).hex()}")
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            with open(temp, "wb") as f:
+                f.write(MAGIC + struct.pack("<I", len(head)) + head + bytes(_ALIGN - 12 - len(head)))
+                f.write(hr.data)
+                f.write(lr.data)
+            try:
+                os.link(temp, final)  # complete, under its name, or not at all; never replaces
+            except FileExistsError:
+                return False
+            return True
+        except OSError as exc:
+            self._disabled = True
+            why = "the filesystem is full (ENOSPC)" if exc.errno == errno.ENOSPC else str(exc)
+            log.warning(
+                "decoded cache %s: %s; this process stops writing to it and decodes as without a cache",
+                self.root,
+                why,
+            )
+            return False
+        finally:
+            try:
+                temp.unlink()
+            except OSError:
+                pass
+
+
+def _planar(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a[None] if a.ndim == 2 else a.transpose(2, 0, 1))
+
+
+# ---- wdsr cache info | clear -------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class CacheUsage:
+    dataset: str
+    pairs: int
+    bytes: int
+    temps: int  # unfinished writes (a killed writer): never read, removed by clear
+    newest: float
+
+
+def usage(root: str | os.PathLike) -> list[CacheUsage]:
+    """Each dataset's entries in the decoded cache under ``root``."""
+    base = Path(root) / SUBDIR
+    out: list[CacheUsage] = []
+    if not base.is_dir():
+        return out
+    for d in sorted(base.iterdir()):
+        if not (d.is_dir() and _DATASET.fullmatch(d.name)):
+            continue
+        pairs = temps = total = 0
+        newest = 0.0
+        for f in d.iterdir():
+            try:
+                st = f.stat()
+            except FileNotFoundError:
+                continue
+            if _FILE.fullmatch(f.name):
+                pairs, total, newest = pairs + 1, total + st.st_size, max(newest, st.st_mtime)
+            elif _TEMP.fullmatch(f.name):
+                temps += 1
+        out.append(CacheUsage(d.name, pairs, total, temps, newest))
+    return out
+
+
+def clear(root: str | os.PathLike, dataset: str | None = None) -> int:
+    """Remove the decoded cache under ``root`` (one dataset's entries with ``dataset``, an identity
+    or its prefix); only names this module makes are touched. Returns the files removed. A file
+    that a process has mapped stays readable to it until it unmaps it (POSIX unlink)."""
+    base = Path(root) / SUBDIR
+    removed = 0
+    for d in sorted(base.iterdir()) if base.is_dir() else []:
+        if not (d.is_dir() and _DATASET.fullmatch(d.name)) or (dataset and not d.name.startswith(dataset)):
+            continue
+        for f in d.iterdir():
+            if _FILE.fullmatch(f.name) or _TEMP.fullmatch(f.name):
+                try:
+                    f.unlink()
+                    removed += 1
+                except FileNotFoundError:
+                    pass
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+    try:
+        base.rmdir()
+    except OSError:
+        pass
+    return removed
+
+
+def describe(root: str | os.PathLike) -> str:
+    rows = usage(root)
+    if not rows:
+        return f"{root}: no decoded cache"
+    lines = [f"{root}/{SUBDIR}:", f"{'dataset':<16}  {'pairs':>7}  {'GB':>8}  {'unfinished':>10}  last write"]
+    for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.newest)) if r.newest else "-"
+        lines.append(f"{r.dataset[:16]:<16}  {r.pairs:>7}  {r.bytes / 1e9:>8.3f}  {r.temps:>10}  {when}")
+    free = shutil.disk_usage(root)
+    lines.append(f"total {sum(r.bytes for r in rows) / 1e9:.3f} GB; {free.free / 1e9:.1f} GB free on {root}")
+    return "\n".join(lines)
