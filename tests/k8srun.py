@@ -12,7 +12,10 @@ from __future__ import annotations
 import base64
 import os
 import re
+import shutil
 import subprocess
+import tempfile
+import weakref
 import sys
 from pathlib import Path
 from typing import Any
@@ -74,12 +77,17 @@ class Pod:
         local: dict[str, Path] = {}
         for vol in self.spec.get("volumes", []):
             assert "configMap" in vol or "emptyDir" in vol, f"volume {vol['name']}: only configMap and emptyDir are mapped"
-            local[vol["name"]] = self.workdir / vol["name"]
-            local[vol["name"]].mkdir(parents=True, exist_ok=True)
+            if vol.get("emptyDir", {}).get("medium") == "Memory":  # a folder on the real tmpfs, removed with the pod
+                local[vol["name"]] = Path(tempfile.mkdtemp(prefix="wdsr-k8srun-", dir="/dev/shm"))
+                weakref.finalize(self, shutil.rmtree, str(local[vol["name"]]), True)
+            else:
+                local[vol["name"]] = self.workdir / vol["name"]
+                local[vol["name"]].mkdir(parents=True, exist_ok=True)
         out = {}
         for c in self.spec.get("initContainers", []) + self.spec["containers"]:
-            out[c["name"]] = {m["mountPath"]: str(local[m["name"]]) for m in c.get("volumeMounts", [])
-                              if m["mountPath"] != "/dev/shm"}  # /dev/shm is real here too
+            # paths in /dev/shm that settings name (the decoded cache) go to the pod's own folder there; what
+            # torch puts in /dev/shm for the batch handoff needs no mapping
+            out[c["name"]] = {m["mountPath"]: str(local[m["name"]]) for m in c.get("volumeMounts", [])}
         self.mounts = out
         everywhere = {"*": {k: v for mounts in out.values() for k, v in mounts.items()}}
         for vol in self.spec.get("volumes", []):

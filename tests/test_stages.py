@@ -155,3 +155,43 @@ def test_world_comes_from_the_environment_it_is_given():
     with pytest.raises(ValueError):
         env.local_rank({"LOCAL_RANK": "gpu0"})
     assert env.current_worker() == (0, 1)  # outside a DataLoader worker
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
+@pytest.mark.parametrize("channels", [3, 1, None])
+def test_patch_chw_is_the_numpy_reference_for_every_transform_and_layout(dtype, channels):
+    """The fast patch copy (torch flips/transposes, planar or H x W x C input) against the plain
+    numpy definition: rot90 over (H, W), flip W, then C x H x W."""
+    from wdsr.augment import patch_chw
+
+    rng = np.random.default_rng(7)
+    shape = (60, 50) if channels is None else (60, 50, channels)
+    big = rng.integers(0, np.iinfo(dtype).max, shape, endpoint=True).astype(dtype)
+    view = big[5:45, 7:37]  # a crop: strided, like every patch
+    planar = np.ascontiguousarray(big[None] if channels is None else big.transpose(2, 0, 1))[:, 5:45, 7:37]
+    seen = set()
+    for t in range(N_DIHEDRAL):
+        ref = to_chw(np.rot90(view, t % 4, axes=(0, 1))[:, ::-1] if t >= 4 else np.rot90(view, t % 4, axes=(0, 1)))
+        for got in (patch_chw(view, t), patch_chw(planar, t, planar=True)):
+            assert got.dtype == dtype and got.flags.c_contiguous and got.shape == ref.shape and np.array_equal(got, ref), t
+        seen.add(ref.tobytes())
+    assert len(seen) == N_DIHEDRAL
+    with pytest.raises(ValueError):
+        patch_chw(view, 8)
+
+
+def test_patch_draws_are_uniform_independent_of_the_run_and_cover_every_transform():
+    from wdsr.patches import draw_base, draws
+
+    base = draw_base(3, 1, "frames/a")
+    js = np.arange(20000)
+    d = draws(base, js, 0, (37, 101, N_DIHEDRAL))
+    assert d[:, 0].max() == 36 and d[:, 1].max() == 100 and d[:, 0].min() == d[:, 1].min() == 0
+    counts = np.bincount(d[:, 2].astype(int), minlength=N_DIHEDRAL)
+    assert counts.min() > 20000 / N_DIHEDRAL * 0.9 and counts.max() < 20000 / N_DIHEDRAL * 1.1
+    assert abs(np.corrcoef(d[:-1, 0].astype(float), d[1:, 0].astype(float))[0, 1]) < 0.05  # neighbours unrelated
+    # patch j is the same whether it is drawn alone or in a run, and depends on seed, epoch, key, try
+    assert np.array_equal(draws(base, js[123:124], 0, (37, 101, 8))[0], d[123])
+    others = [draws(draw_base(4, 1, "frames/a"), js, 0, (37, 101, 8)), draws(draw_base(3, 2, "frames/a"), js, 0, (37, 101, 8)),
+              draws(draw_base(3, 1, "frames/b"), js, 0, (37, 101, 8)), draws(base, js, 1, (37, 101, 8))]
+    assert all((o != d).any(axis=1).mean() > 0.9 for o in others)

@@ -50,6 +50,15 @@ class BenchResult:
         return self.patches_per_s / self.ceiling if self.ceiling else float("nan")
 
 
+def fill_decoded_cache(url: str, scale: int, root: str, limit: int | None, workers: int = 2) -> tuple[int, float]:
+    """Decode every image once (a val pass) into the decoded cache at ``root``: (pairs written, seconds)."""
+    t0 = time.perf_counter()
+    ds = SRDataset(url, scale=scale, split="val", decoded_cache=root, decoded_cache_limit=limit)
+    for _ in make_loader(ds, num_workers=workers):
+        pass
+    return ds.stats.totals()["decoded_stores"], time.perf_counter() - t0
+
+
 def bench_stream(
     url: str,
     workers: int = 2,

@@ -1,4 +1,4 @@
-"""``wdsr`` command line: ``bench``, ``preview``, ``train``. Parsing only; the work is in bench.py/preview.py/train.py."""
+"""``wdsr`` command line: ``bench``, ``preview``, ``train``, ``cache``. Parsing only; the work is elsewhere."""
 
 from __future__ import annotations
 
@@ -51,6 +51,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--cache-dir", help="remote: keep whole shards in this local folder (LRU); the table shows the hit rate")
     b.add_argument("--cache-limit", type=float, help="remote: cache size limit in GB (default: no limit)")
+    b.add_argument(
+        "--decoded-cache",
+        metavar="DIR",
+        help="node-wide decoded-pair cache (e.g. /dev/shm/wdsr); it is filled first (one decode per image), "
+        "then the measured run cuts patches from it",
+    )
+    b.add_argument("--decoded-cache-limit", type=float, metavar="GB", help="decoded cache limit in GB (default: all)")
     b.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     v = sub.add_parser(
         "preview",
@@ -63,6 +70,16 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--patch-size", type=int, default=128)
     v.add_argument("-n", "--count", type=int, default=8, help="patch pairs to draw (default 8)")
     v.add_argument("--seed", type=int, default=0)
+    c = sub.add_parser(
+        "cache",
+        help="show or remove a node-wide decoded-pair cache",
+        description="info: the datasets in a decoded cache folder, their pairs, GB and unfinished writes "
+        "(a killed writer's temp files, never read). clear: remove them (only files wdsr made; "
+        "processes that have a pair mapped keep reading it until they let go).",
+    )
+    c.add_argument("action", choices=["info", "clear"])
+    c.add_argument("dir", metavar="DIR", help="the decoded_cache folder (e.g. /dev/shm/wdsr)")
+    c.add_argument("--dataset", metavar="ID", help="clear: only this dataset (its manifest sha256, or a prefix)")
     _train_parser(sub)
     return p
 
@@ -121,6 +138,15 @@ def _train_parser(sub: Any) -> None:
     t.add_argument("--seed", type=int, help="seed of the weights, patch positions and shuffles (default 0)")
     t.add_argument("--on-error", choices=["fail", "skip"], help="bad samples: stop (default) or skip them, counted")
     t.add_argument("--cache-dir", help="remote data: keep whole shards in this local folder")
+    t.add_argument(
+        "--decoded-cache",
+        metavar="DIR",
+        help="keep decoded pairs in DIR (e.g. /dev/shm/wdsr), one copy per node shared by every worker and rank: "
+        "epochs after the first cut patches without decoding (batches are the same)",
+    )
+    t.add_argument(
+        "--decoded-cache-limit", type=float, metavar="GB", help="at most this many GB of decoded pairs (a fixed subset)"
+    )
     t.add_argument("--log-dir", help="where metrics.jsonl and TensorBoard files are written when --out is remote")
     t.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files (OUT/tb)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out from latest.json")
@@ -152,6 +178,13 @@ def _bench(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         cache_limit=int(args.cache_limit * 1e9) if args.cache_limit else None,
     )
+    if args.decoded_cache:
+        from wdsr.bench import fill_decoded_cache
+
+        read["decoded_cache"] = args.decoded_cache
+        read["decoded_cache_limit"] = int(args.decoded_cache_limit * 1e9) if args.decoded_cache_limit else None
+        n, seconds = fill_decoded_cache(args.url, args.scale, args.decoded_cache, read["decoded_cache_limit"], args.workers)
+        print(f"decoded cache {args.decoded_cache}: {n} pairs written in {seconds:.1f} s")
     stream = dict(patches_per_image=args.patches_per_image, verify=args.verify, shuffle_buffer=args.shuffle_buffer, **read, **kw)
     results = [bench_stream(args.url, name=f"wdsr k={args.patches_per_image}: {args.url}", **stream)]
     if args.compare:
@@ -196,6 +229,17 @@ def _preview(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cache(args: argparse.Namespace) -> int:
+    from wdsr import decoded
+
+    if args.action == "info":
+        print(decoded.describe(args.dir))
+        return 0
+    n = decoded.clear(args.dir, args.dataset)
+    print(f"removed {n} file(s) from {args.dir}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None and hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
@@ -204,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         return args
     logging.basicConfig(level=logging.INFO, format="wdsr: %(message)s")
     try:
-        return {"bench": _bench, "preview": _preview, "train": _train}[args.cmd](args)
+        return {"bench": _bench, "preview": _preview, "train": _train, "cache": _cache}[args.cmd](args)
     except KeyboardInterrupt:
         print(f"wdsr {args.cmd}: interrupted", file=sys.stderr)
         return 130

@@ -81,6 +81,8 @@ def open_data(cfg: TrainConfig) -> tuple[SRDataset, SRDataset | None]:
         seed=cfg.seed,
         on_error=cfg.on_error,
         cache_dir=cfg.cache_dir,
+        decoded_cache=cfg.decoded_cache,
+        decoded_cache_limit=int(cfg.decoded_cache_limit * 1e9) if cfg.decoded_cache_limit else None,
     )
     train.check_batches(cfg.workers)
     val = None

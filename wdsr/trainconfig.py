@@ -67,6 +67,8 @@ class TrainConfig:
     log_dir: str | None = None
     on_error: str = "fail"
     cache_dir: str | None = None
+    decoded_cache: str | None = None  # node-wide decoded pairs, e.g. /dev/shm/wdsr (wdsr.decoded)
+    decoded_cache_limit: float | None = None  # GB
     device: Device = Device.AUTO
 
     def __post_init__(self) -> None:
