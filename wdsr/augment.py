@@ -54,11 +54,18 @@ def patch_chw(view: np.ndarray, t: int, planar: bool = False) -> np.ndarray:
     if not 0 <= t < N_DIHEDRAL:
         raise ValueError(f"dihedral transform index must be 0..7, got {t}")
     wide = view.dtype == np.uint16  # torch has no flip for uint16: the same bits as int16
-    a = torch.from_numpy(view.view(np.int16) if wide else view)
-    if not planar:  # H x W [x C]: one transposing copy to C x H x W first
-        a = a.unsqueeze(0) if a.dim() == 2 else a.permute(2, 0, 1).contiguous()
     swap, flips = _PLAN[t]
-    if swap:
-        a = a.contiguous().transpose(1, 2)
+    if planar:
+        a = torch.from_numpy(view.view(np.int16) if wide else view)
+        if swap:
+            a = a.contiguous().transpose(1, 2)
+    else:  # H x W [x C]: the crop's rows copied out, then one copy that moves C first (and swaps H, W)
+        a = torch.from_numpy(np.ascontiguousarray(view.view(np.int16) if wide else view))
+        if a.dim() == 2:
+            a = a.unsqueeze(0)
+            if swap:
+                a = a.transpose(1, 2)
+        else:
+            a = a.permute(2, 1, 0) if swap else a.permute(2, 0, 1)
     out = (a.flip(flips) if flips else a).contiguous().numpy()
     return out.view(np.uint16) if wide else out

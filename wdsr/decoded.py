@@ -104,8 +104,9 @@ class DecodedCache:
                 size = os.fstat(f.fileno()).st_size
                 if size < _ALIGN:
                     return None
-                # MAP_POPULATE: the pages are mapped in one call, not faulted in one by one by the crops
-                mm = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
+                # a private mapping: the pages are the file's own (shared with every process that maps
+                # it) as long as nobody writes, which nothing does; torch takes such arrays without a warning
+                mm = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE | _POPULATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except (FileNotFoundError, ValueError, OSError):
             return None
         try:
