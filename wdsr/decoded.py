@@ -19,7 +19,8 @@ are the file's own, so the node holds one copy of each pair, whatever the number
   goes on decoding; nothing crashes.
 * Batches are byte-identical with and without the cache: patches are cut from the same pixels.
   The file holds them planar (C x H x W), so a patch is cut with plain copies, where a decoded
-  H x W x C image needs a transposing copy; its pages are mapped in one call (``MAP_POPULATE``).
+  H x W x C image needs a transposing copy. Only the pages a crop touches are mapped in (mapping a
+  whole pair up front, ``MAP_POPULATE``, cost more per sample than that at k=16: 2.1k vs 7.6k patches/s).
 
 File layout: ``b"WDSRPAIR"``, a little-endian uint32 header length, a JSON header (``hr``/``lr``
 shape and dtype, key, scale), zero padding to 4096 bytes, the HR bytes, the LR bytes (C order).
@@ -51,7 +52,6 @@ log = logging.getLogger("wdsr")
 SUBDIR = "wdsr-decoded-cache"
 MAGIC = b"WDSRPAIR"
 _ALIGN = 4096
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _DTYPES = {"uint8": np.uint8, "uint16": np.uint16}
 _FILE = re.compile(r"[0-9a-f]{32}-x[0-9]{1,2}\.pair")
 _TEMP = re.compile(r"[0-9a-f]{32}-x[0-9]{1,2}\.pair\.tmp\.[0-9]+\.[0-9a-f]+")
@@ -106,7 +106,7 @@ class DecodedCache:
                     return None
                 # a private mapping: the pages are the file's own (shared with every process that maps
                 # it) as long as nobody writes, which nothing does; torch takes such arrays without a warning
-                mm = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE | _POPULATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+                mm = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except (FileNotFoundError, ValueError, OSError):
             return None
         try:
