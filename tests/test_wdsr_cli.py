@@ -21,6 +21,18 @@ def test_bench_prints_table_and_compares(photo_shards, tmp_path, capsys):
     assert rows[0]["mb_per_s"] > 0 and rows[0]["peak_rss_mb"] > 0 and len(rows) == 3
 
 
+def test_bench_with_a_decoded_cache_fills_it_then_decodes_nothing(photo_shards, tmp_path, capsys):
+    out = tmp_path / "b.json"
+    cache = tmp_path / "dc"
+    rc = main(["bench", str(photo_shards), "--workers", "1", "--patch-size", "32", "--scale", "2", "-k", "4",
+               "--batch-size", "4", "--seconds", "1", "--decoded-cache", str(cache), "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and f"decoded cache {cache}: 10 pairs written" in text
+    row = json.loads(out.read_text())[0]
+    assert row["patches_per_s"] > 0 and row["decode_ms"] == 0 and row["mb_per_s"] == 0  # every pair from the cache
+    assert main(["cache", "info", str(cache)]) == 0 and " 10 " in capsys.readouterr().out
+
+
 def test_preview_writes_lr_next_to_hr(photo_shards, tmp_path, capsys):
     png = tmp_path / "p.png"
     assert main(["preview", str(photo_shards), "-o", str(png), "--scale", "4", "--patch-size", "32", "-n", "3"]) == 0
