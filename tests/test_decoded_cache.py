@@ -229,3 +229,46 @@ def test_two_ranks_and_their_workers_share_one_copy(photo_shards, tmp_path):
             assert e1["decoded_hits"] == e1["samples"] > 0 and e1["bytes_read"] == 0
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_process_keeps_a_bounded_number_of_pairs_mapped(photo_shards, tmp_path, monkeypatch):
+    root = tmp_path / "dc"
+    _run(str(photo_shards), epochs=1, workers=0, decoded_cache=str(root))
+    m = mf.load(str(photo_shards), compact=True)
+    c = decoded.DecodedCache(str(root), m.digest, 4, None, m.shards)
+    keys = [k for s in m.shards for k in s.keys]
+    monkeypatch.setattr(decoded, "MAX_MAPPED", 3)
+    first = c.lookup(keys[0])
+    assert c.lookup(keys[0]) is first  # kept: the same arrays, no new mapping
+    for k in keys[1:]:
+        assert c.lookup(k) is not None
+    assert list(c._mapped) == keys[-3:] and c._mapped_bytes == sum(a.nbytes + b.nbytes for a, b in c._mapped.values())
+    assert c.lookup(keys[0]) is not first  # dropped, mapped again
+    (root / decoded.SUBDIR / m.digest / decoded._name(keys[-1], 4)).unlink()  # wdsr cache clear, one file
+    got, st = _run(str(photo_shards), epochs=1, workers=0, decoded_cache=str(root))
+    assert st["decoded_stores"] == 1 and st["decoded_hits"] == st["samples"] - 1
+    import pickle
+    assert not pickle.loads(pickle.dumps(c))._mapped  # mappings never travel to another process
+
+
+def test_a_pair_removed_while_kept_mapped_is_decoded_and_written_again(photo_shards, tmp_path):
+    root = tmp_path / "dc"
+    ds = wdsr.SRDataset(str(photo_shards), scale=4, patch_size=48, patches_per_image=3, batch_size=4, shuffle_buffer=8,
+                        seed=2, decoded_cache=str(root))
+    loader = wdsr.make_loader(ds, num_workers=0)  # one process: its kept mappings live across epochs
+    for e in range(2):
+        loader.set_epoch(e)
+        list(loader)
+    cache = ds._source.cache
+    assert len(cache._mapped) == 10
+    files = _files(root)
+    key = json.loads(files[0].read_bytes()[12:4096].rstrip(b"\0"))["key"]
+    stale = cache._mapped[key]
+    files[0].unlink()  # wdsr cache clear, for one pair
+    before = ds.stats.totals()
+    loader.set_epoch(2)
+    list(loader)
+    after = ds.stats.totals()
+    assert after["decoded_stores"] - before["decoded_stores"] == 1 and files[0].exists()
+    assert after["decoded_hits"] - before["decoded_hits"] == after["samples"] - before["samples"] - 1
+    assert key not in cache._mapped and all(v is not stale for v in cache._mapped.values())  # the stale mapping let go

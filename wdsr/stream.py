@@ -98,6 +98,8 @@ class Source:
                     j = i + 1
                     while j < span.stop and not self.cache.has(info.keys[j]):
                         j += 1
+                    for gone in range(i, j):  # not (or no longer) there: a mapping this process kept goes too
+                        self.cache.forget(info.keys[gone])
                 yield from self._decoded(Span(span.shard_index, i, j, span.rep), worker, count)
                 i = j
 
