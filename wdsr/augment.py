@@ -16,14 +16,6 @@ def dihedral_view(a: np.ndarray, t: int) -> np.ndarray:
     return v[:, ::-1] if t >= 4 else v
 
 
-def planar_dihedral_view(a: np.ndarray, t: int) -> np.ndarray:
-    """The same transform of a C x H x W array (over H and W): ``dihedral_view`` for planar data."""
-    if not 0 <= t < N_DIHEDRAL:
-        raise ValueError(f"dihedral transform index must be 0..7, got {t}")
-    v = np.rot90(a, t % 4, axes=(1, 2))
-    return v[:, :, ::-1] if t >= 4 else v
-
-
 def to_chw(view: np.ndarray) -> np.ndarray:
     """A contiguous CxHxW copy of an HxW[xC] view: the only copy a patch costs."""
     if view.ndim == 2:
@@ -46,7 +38,7 @@ _PLAN: tuple[tuple[bool, tuple[int, ...]], ...] = (
 
 def patch_chw(view: np.ndarray, t: int, planar: bool = False) -> np.ndarray:
     """The contiguous C x H x W patch of ``view`` under transform ``t``: the same values as
-    ``to_chw(dihedral_view(view, t))`` (``planar_dihedral_view`` for a C x H x W ``view``), made
+    ``to_chw(dihedral_view(view, t))`` (the same over H and W for a C x H x W ``view``), made
     with as few and as cheap copies as possible: numpy copies through reversed or transposed
     strides byte by byte, torch's flip and copy kernels are 2-4x faster there. Flips come
     straight from the crop (one copy); transforms that swap H and W first copy the crop out

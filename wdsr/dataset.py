@@ -129,9 +129,11 @@ class SRDataset(IterableDataset):
             return None
         limit = c.decoded_cache_limit
         if limit is not None and len(parts) > 1:
-            pixels = [sum(int(w) * int(h) for sh in p.shards for w, h in sh.hr_sizes) for _, p in parts]
-            mine = sum(int(w) * int(h) for sh in m.shards for w, h in sh.hr_sizes)
-            limit = max(1, limit * mine // max(1, sum(pixels)))
+
+            def pixels(man: mf.Manifest) -> int:
+                return sum(int(np.asarray(sh.hr_sizes, dtype=np.int64).reshape(-1, 2).prod(axis=1).sum()) for sh in man.shards)
+
+            limit = max(1, limit * pixels(m) // max(1, sum(pixels(p) for _, p in parts)))
         return DecodedCache(c.decoded_cache, m.digest, c.scale, limit, m.shards)
 
     def __repr__(self) -> str:

@@ -71,10 +71,12 @@ def _name(key: str, scale: int) -> str:
     return f"{hashlib.sha256(key.encode()).hexdigest()[:32]}-x{scale}.pair"
 
 
-def pair_bytes(hr_size: Sequence[int], scale: int, bytes_per_pixel: int) -> int:
-    """Decoded bytes of one pair: HR cropped to ``scale`` x LR, and LR."""
-    lw, lh = int(hr_size[0]) // scale, int(hr_size[1]) // scale
-    return (scale * scale + 1) * lw * lh * bytes_per_pixel
+def pair_bytes(hr_size: Any, scale: int, bytes_per_pixel: int) -> Any:
+    """Decoded bytes of a pair from its HR ``(w, h)``: HR cropped to ``scale`` x LR, and LR (also
+    for ``(w, h)`` columns of numpy arrays)."""
+    lw, lh = np.asarray(hr_size[0], dtype=np.int64) // scale, np.asarray(hr_size[1], dtype=np.int64) // scale
+    n = (scale * scale + 1) * lw * lh * bytes_per_pixel  # int64: 16-bit manifest columns would overflow
+    return int(n) if n.ndim == 0 else n
 
 
 @dataclasses.dataclass
@@ -191,9 +193,8 @@ class DecodedCache:
         keys = [k for sh in self.shards for k in sh.keys]
         hashes = np.fromiter((xxhash.xxh3_64_intdigest(k.encode()) for k in keys), dtype=np.uint64, count=len(keys))
         sizes = np.concatenate([np.asarray(sh.hr_sizes, dtype=np.int64).reshape(-1, 2) for sh in self.shards])
-        lr_pixels = (sizes[:, 0] // self.scale) * (sizes[:, 1] // self.scale)
         order = np.argsort(hashes, kind="stable")
-        cost = ((self.scale * self.scale + 1) * lr_pixels * bpp + _ALIGN)[order]
+        cost = (pair_bytes((sizes[:, 0], sizes[:, 1]), self.scale, bpp) + _ALIGN)[order]
         n = int(np.searchsorted(np.cumsum(cost), self.limit, side="right"))
         return frozenset(keys[i] for i in order[:n])
 

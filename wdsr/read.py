@@ -204,7 +204,6 @@ class ShardReader:
         with opener() if opener else fs.open(path, "rb") as f:
             if not checked and info.probe is not None:
                 self._check_probe(f, path, info)
-            f.seek(int(info.offsets[span.start]))
             for i in range(span.start, span.stop):
                 t0 = time.perf_counter_ns()
                 chunks = [(begin, f, end - begin, begin) for begin, end in _reads(info, i, wanted)]
