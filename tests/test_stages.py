@@ -143,6 +143,37 @@ def test_batch_pool_round_trips_and_recycles_its_slots(dtype):
         BatchPool(2, 2, nbytes).take(metas[1], pin=False)
 
 
+def test_patches_write_straight_into_a_slot_as_their_own_copies_and_a_mixed_batch_is_refused():
+    """A batch slot holds exactly what each patch's ``lr``/``hr`` copy holds, for cut-from-decode
+    (H x W x C) and decoded-cache (planar) pairs alike; a patch of another shape is refused with
+    the slot freed again."""
+    from wdsr.stream import collate
+
+    rng = np.random.default_rng(5)
+    hr = rng.integers(0, 255, (64, 96, 3), dtype=np.uint8)
+    lr = hr[::2, ::2].copy()
+    spec = PatchConfig(2, 16)
+    hwc, _ = cut_patches(DecodedPair("s", "a", 0, hr, lr, 0, 0), spec, 1, 0, 0, 8)
+    planar_pair = DecodedPair("s", "a", 0, np.ascontiguousarray(hr.transpose(2, 0, 1)), np.ascontiguousarray(lr.transpose(2, 0, 1)), 0, 0, chw=True)
+    planar, _ = cut_patches(planar_pair, spec, 1, 0, 0, 8)
+    assert len({p.t for p in hwc}) > 2  # several transforms in the batch
+    patches = hwc + planar
+    want_lr, want_hr = np.stack([p.lr for p in patches]), np.stack([p.hr for p in patches])
+    assert (want_lr[:8] == want_lr[8:]).all() and (want_hr[:8] == want_hr[8:]).all()  # the layout changes nothing
+    pool = BatchPool(workers=1, slots=1, slot_bytes=want_lr.nbytes + want_hr.nbytes)
+    ref = pool.put_patches(0, patches, None)
+    got_lr, got_hr = pool.take(ref, pin=False)
+    assert (got_lr.numpy() == want_lr).all() and (got_hr.numpy() == want_hr).all()
+    lr_c, hr_c = collate(patches)
+    assert (lr_c.numpy() == want_lr).all() and (hr_c.numpy() == want_hr).all()
+    gray, _ = cut_patches(DecodedPair("s", "g", 0, hr[..., 0].copy(), lr[..., 0].copy(), 0, 0), spec, 1, 0, 0, 1)
+    with pytest.raises(ValueError, match="patches of one batch differ"):
+        pool.put_patches(0, patches[:-1] + gray, None)
+    assert pool.put_patches(0, patches, None) is not None  # the slot was freed after the refusal
+    with pytest.raises(ValueError, match="patches of one batch differ"):
+        collate(patches[:-1] + gray)
+
+
 # ---- env --------------------------------------------------------------------------------------------
 def test_world_comes_from_the_environment_it_is_given():
     assert env.current_world({}) == env.World(0, 1)

@@ -36,28 +36,83 @@ _PLAN: tuple[tuple[bool, tuple[int, ...]], ...] = (
 )
 
 
-def patch_chw(view: np.ndarray, t: int, planar: bool = False) -> np.ndarray:
-    """The contiguous C x H x W patch of ``view`` under transform ``t``: the same values as
-    ``to_chw(dihedral_view(view, t))`` (the same over H and W for a C x H x W ``view``), made
-    with as few and as cheap copies as possible: numpy copies through reversed or transposed
-    strides byte by byte, torch's flip and copy kernels are 2-4x faster there. Flips come
-    straight from the crop (one copy); transforms that swap H and W first copy the crop out
-    contiguous, so the transposing copy reads from the CPU cache."""
+def _hwc_reversals(t: int) -> tuple[bool, bool, bool]:
+    """For an H x W [x C] source: (reverse its rows when it is cut; reverse its rows, and its
+    columns, in the permuting copy into the batch). The rows and columns the transform reverses
+    are the output's H and W, which are the source's W and H when it swaps them. numpy's
+    permuting copy is as fast with a reversed axis as without, except when a transform that
+    keeps H and W reverses exactly one of them (2.4x slower): then the rows are reversed once
+    at the cut (a plain row copy) and once more, with the columns, in the permuting copy."""
+    swap, flips = _PLAN[t]
+    rows, cols = (2 in flips, 1 in flips) if swap else (1 in flips, 2 in flips)
+    both = cols and not swap  # the permuting copy reverses rows and columns, never one alone
+    return rows != both, both, cols
+
+
+_HWC_REVERSALS = tuple(_hwc_reversals(t) for t in range(N_DIHEDRAL))
+
+
+def patch_source(view: np.ndarray, t: int, planar: bool = False) -> np.ndarray:
+    """What a patch keeps from its cut until it is written into its batch: a planar view as it
+    is (it lies in the decoded cache's mapping, which outlives the patch), or the H x W [x C]
+    crop copied out of its decoded image (rows reversed when ``t`` says so: still a plain row
+    copy)."""
     if not 0 <= t < N_DIHEDRAL:
         raise ValueError(f"dihedral transform index must be 0..7, got {t}")
-    wide = view.dtype == np.uint16  # torch has no flip for uint16: the same bits as int16
+    if planar:
+        return view
+    return np.ascontiguousarray(view[::-1] if _HWC_REVERSALS[t][0] else view)
+
+
+def chw_shape(source: np.ndarray, t: int, planar: bool = False) -> tuple[int, int, int]:
+    """The C x H x W shape ``write_chw`` gives ``source`` under ``t``."""
+    if planar:
+        c, h, w = source.shape
+    else:
+        h, w = source.shape[:2]
+        c = source.shape[2] if source.ndim == 3 else 1
+    return (c, w, h) if _PLAN[t][0] else (c, h, w)
+
+
+def write_chw(source: np.ndarray, t: int, planar: bool, out: np.ndarray) -> None:
+    """Batch time: ``source`` (from ``patch_source``) under transform ``t``, C x H x W, into
+    ``out`` (a batch slot's row): the values of ``to_chw(dihedral_view(view, t))``.
+
+    An H x W [x C] source is one permuting copy, with the reversals ``_hwc_reversals`` leaves to
+    it. A planar source
+    is read from the decoded cache here: one copy when ``t`` at most reverses its rows (numpy
+    copies reversed rows at memory speed); otherwise torch first flips or copies it into a small
+    contiguous block, and the copy into ``out`` (the transposing one when ``t`` swaps H and W)
+    reads that block from the CPU cache."""
+    wide = source.dtype == np.uint16
     swap, flips = _PLAN[t]
     if planar:
-        a = torch.from_numpy(view.view(np.int16) if wide else view)
-        if swap:
-            a = a.contiguous().transpose(1, 2)
-    else:  # H x W [x C]: the crop's rows copied out, then one copy that moves C first (and swaps H, W)
-        a = torch.from_numpy(np.ascontiguousarray(view.view(np.int16) if wide else view))
-        if a.dim() == 2:
-            a = a.unsqueeze(0)
-            if swap:
-                a = a.transpose(1, 2)
+        # flips over the source's own dims: the output's H and W are the source's W and H under a swap
+        src_flips = tuple(3 - d for d in flips) if swap else flips
+        if not swap and src_flips in ((), (1,)):
+            np.copyto(out, source[:, ::-1] if src_flips else source)
+            return
+        if src_flips in ((), (1,)):
+            block = np.ascontiguousarray(source[:, ::-1] if src_flips else source)
         else:
-            a = a.permute(2, 1, 0) if swap else a.permute(2, 0, 1)
-    out = (a.flip(flips) if flips else a).contiguous().numpy()
-    return out.view(np.uint16) if wide else out
+            block = torch.from_numpy(source.view(np.int16) if wide else source).flip(src_flips).numpy()
+            block = block.view(np.uint16) if wide else block
+        np.copyto(out, block.transpose(0, 2, 1) if swap else block)
+        return
+    _, rows, cols = _HWC_REVERSALS[t]
+    a = source[:, :, None] if source.ndim == 2 else source
+    if rows:
+        a = a[::-1]
+    if cols:
+        a = a[:, ::-1]
+    np.copyto(out, a.transpose(2, 1, 0) if swap else a.transpose(2, 0, 1))
+
+
+def patch_chw(view: np.ndarray, t: int, planar: bool = False) -> np.ndarray:
+    """The contiguous C x H x W patch of ``view`` under transform ``t`` (the same values as
+    ``to_chw(dihedral_view(view, t))``, or the same over H and W for a C x H x W ``view``): the
+    two steps a patch takes, ``patch_source`` when cut and ``write_chw`` when batched."""
+    source = patch_source(view, t, planar)
+    out = np.empty(chw_shape(source, t, planar), dtype=view.dtype)
+    write_chw(source, t, planar, out)
+    return out

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -50,25 +51,60 @@ class BatchPool:
     def _view(self, index: int) -> np.ndarray:
         return self._data.numpy()[index * self.slot_bytes : (index + 1) * self.slot_bytes]
 
-    def put(self, worker: int, lr: list[np.ndarray], hr: list[np.ndarray], keys: list[str] | None) -> SlotRef | None:
-        """Stack patches into a free slot of ``worker``; None when none is free or they do not fit."""
-        a, b = lr[0], hr[0]
-        n_lr, n_hr = len(lr) * a.nbytes, len(hr) * b.nbytes
-        if n_lr + n_hr > self.slot_bytes or a.dtype.name not in _DTYPES:
-            return None
+    def _reserve(self, worker: int) -> int | None:
+        """A free slot of ``worker``, marked busy; None when all are busy."""
         for k in range(self.slots):
             slot = (self._next + k) % self.slots
             index = worker * self.slots + slot
             if not self._busy[index]:
-                break
-        else:
-            return None
-        self._next = slot + 1
-        self._busy[index] = 1
+                self._next = slot + 1
+                self._busy[index] = 1
+                return index
+        return None
+
+    def _rows(
+        self, index: int, dtype: np.dtype, lr_shape: tuple[int, ...], hr_shape: tuple[int, ...]
+    ) -> tuple[np.ndarray, np.ndarray]:
         view = self._view(index)
-        np.stack(lr, out=view[:n_lr].view(a.dtype).reshape((len(lr),) + a.shape))
-        np.stack(hr, out=view[n_lr : n_lr + n_hr].view(b.dtype).reshape((len(hr),) + b.shape))
-        return SlotRef(self.token, index, (len(lr),) + a.shape, (len(hr),) + b.shape, a.dtype.name, keys)
+        n_lr = int(np.prod(lr_shape)) * dtype.itemsize
+        n_hr = int(np.prod(hr_shape)) * dtype.itemsize
+        return view[:n_lr].view(dtype).reshape(lr_shape), view[n_lr : n_lr + n_hr].view(dtype).reshape(hr_shape)
+
+    def _fits(self, dtype: np.dtype, lr_shape: tuple[int, ...], hr_shape: tuple[int, ...]) -> bool:
+        nbytes = (int(np.prod(lr_shape)) + int(np.prod(hr_shape))) * dtype.itemsize
+        return nbytes <= self.slot_bytes and dtype.name in _DTYPES
+
+    def put(self, worker: int, lr: list[np.ndarray], hr: list[np.ndarray], keys: list[str] | None) -> SlotRef | None:
+        """Stack arrays into a free slot of ``worker``; None when none is free or they do not fit."""
+        a, b = lr[0], hr[0]
+        lr_shape, hr_shape = (len(lr),) + a.shape, (len(hr),) + b.shape
+        if not self._fits(a.dtype, lr_shape, hr_shape):
+            return None
+        index = self._reserve(worker)
+        if index is None:
+            return None
+        lr_rows, hr_rows = self._rows(index, a.dtype, lr_shape, hr_shape)
+        np.stack(lr, out=lr_rows)
+        np.stack(hr, out=hr_rows)
+        return SlotRef(self.token, index, lr_shape, hr_shape, a.dtype.name, keys)
+
+    def put_patches(self, worker: int, patches: Sequence[Writable], keys: list[str] | None) -> SlotRef | None:
+        """Write patches straight into a free slot of ``worker`` (each patch's one copy); None when
+        none is free or they do not fit."""
+        first = patches[0]
+        dtype = np.dtype(first.dtype)
+        lr_shape, hr_shape = (len(patches),) + first.lr_shape, (len(patches),) + first.hr_shape
+        if not self._fits(dtype, lr_shape, hr_shape):
+            return None
+        index = self._reserve(worker)
+        if index is None:
+            return None
+        try:
+            write_rows(patches, *self._rows(index, dtype, lr_shape, hr_shape))
+        except BaseException:
+            self._busy[index] = 0
+            raise
+        return SlotRef(self.token, index, lr_shape, hr_shape, dtype.name, keys)
 
     def take(self, ref: SlotRef, pin: bool) -> tuple[Any, ...]:
         """The trainer side: copy the batch out of its slot, free the slot, return tensors."""
@@ -87,6 +123,30 @@ class BatchPool:
             out.append(t)
         self._busy[index] = 0
         return (out[0], out[1]) if keys is None else (out[0], out[1], list(keys))
+
+
+class Writable(Protocol):
+    """A patch that can write itself into a batch's rows (``wdsr.patches.Patch``)."""
+
+    @property
+    def dtype(self) -> np.dtype: ...
+    @property
+    def lr_shape(self) -> tuple[int, int, int]: ...
+    @property
+    def hr_shape(self) -> tuple[int, int, int]: ...
+    def write(self, lr_out: np.ndarray, hr_out: np.ndarray) -> None: ...
+
+
+def write_rows(patches: Sequence[Writable], lr_rows: np.ndarray, hr_rows: np.ndarray) -> None:
+    """Patch ``i`` into row ``i`` of ``lr_rows`` and ``hr_rows``; every patch must have the first's shapes."""
+    lr_shape, hr_shape = lr_rows.shape[1:], hr_rows.shape[1:]
+    for i, p in enumerate(patches):
+        if i and (p.lr_shape != lr_shape or p.hr_shape != hr_shape or p.dtype != lr_rows.dtype):
+            raise ValueError(
+                f"patches of one batch differ: {p.lr_shape}/{p.hr_shape} {p.dtype} after {tuple(lr_shape)}/{tuple(hr_shape)} "
+                f"{lr_rows.dtype} (datasets of a mix must have the same channels and bit depth)"
+            )
+        p.write(lr_rows[i], hr_rows[i])
 
 
 def is_slot(item: Any) -> bool:

@@ -12,17 +12,50 @@ import hashlib
 import numpy as np
 
 from shardmaker import _compat
-from wdsr.augment import N_DIHEDRAL, patch_chw
+from wdsr.augment import N_DIHEDRAL, chw_shape, patch_source, write_chw
 from wdsr.decode import DecodedPair
 from wdsr.errors import SampleError
 
 
-@dataclasses.dataclass
 class Patch:
-    lr: np.ndarray  # C x p x p, contiguous copy
-    hr: np.ndarray  # C x sp x sp
-    key: str
-    j: int
+    """One aligned patch between its cut and its batch: the HR and LR sources it will be written
+    from (``augment.patch_source``: views of a decoded-cache pair, or crops copied out of a decoded
+    image) and its transform. ``write`` lays it out C x H x W straight into a batch's rows, the
+    one copy a patch costs after its crop; ``lr`` and ``hr`` make that copy on their own."""
+
+    __slots__ = ("_lr", "_hr", "t", "planar", "key", "j")
+
+    def __init__(self, lr: np.ndarray, hr: np.ndarray, t: int, planar: bool, key: str, j: int) -> None:
+        self._lr, self._hr, self.t, self.planar, self.key, self.j = lr, hr, t, planar, key, j
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._hr.dtype
+
+    @property
+    def lr_shape(self) -> tuple[int, int, int]:
+        return chw_shape(self._lr, self.t, self.planar)
+
+    @property
+    def hr_shape(self) -> tuple[int, int, int]:
+        return chw_shape(self._hr, self.t, self.planar)
+
+    def write(self, lr_out: np.ndarray, hr_out: np.ndarray) -> None:
+        """The patch, C x H x W, into ``lr_out`` and ``hr_out`` (rows of a batch)."""
+        write_chw(self._lr, self.t, self.planar, lr_out)
+        write_chw(self._hr, self.t, self.planar, hr_out)
+
+    @property
+    def lr(self) -> np.ndarray:  # C x p x p, a new contiguous array
+        out = np.empty(self.lr_shape, dtype=self.dtype)
+        write_chw(self._lr, self.t, self.planar, out)
+        return out
+
+    @property
+    def hr(self) -> np.ndarray:  # C x sp x sp
+        out = np.empty(self.hr_shape, dtype=self.dtype)
+        write_chw(self._hr, self.t, self.planar, out)
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +142,7 @@ def cut(pair: DecodedPair, spec: PatchConfig, base: np.uint64, j: int, first: np
         lr_v, hr_v = pair.lr[:, y : y + p, x : x + p], pair.hr[:, s * y : s * (y + p), s * x : s * (x + p)]
     else:
         lr_v, hr_v = pair.lr[y : y + p, x : x + p], pair.hr[s * y : s * (y + p), s * x : s * (x + p)]
-    return Patch(patch_chw(lr_v, t, pair.chw), patch_chw(hr_v, t, pair.chw), pair.key, j), rejected
+    return Patch(patch_source(lr_v, t, pair.chw), patch_source(hr_v, t, pair.chw), t, pair.chw, pair.key, j), rejected
 
 
 def cut_patches(pair: DecodedPair, spec: PatchConfig, seed: int, epoch: int, first: int, count: int) -> tuple[list[Patch], int]:

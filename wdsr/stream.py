@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ from shardmaker.errors import OnError
 from wdsr.decode import DecodedPair, Verify, decode_pair, wanted_members
 from wdsr.decoded import DecodedCache
 from wdsr.errors import SampleError
-from wdsr.handoff import BatchPool, SlotRef
+from wdsr.handoff import BatchPool, SlotRef, write_rows
 from wdsr.patches import Patch, PatchConfig, cut_patches
 from wdsr.plan import SampleRef, Span, TrainPlan
 from wdsr.read import ShardReader
@@ -467,21 +467,25 @@ def train_batches(
     for patch in patches:
         batch.append(patch)
         if len(batch) == batch_size:
+            t1 = time.perf_counter_ns()
+            keys = [p.key for p in batch] if return_keys else None
             out: SlotRef | tuple[Any, ...] | None = None
             if pool is not None and in_worker:
-                out = pool.put(
-                    worker, [p.lr for p in batch], [p.hr for p in batch], [p.key for p in batch] if return_keys else None
-                )
+                out = pool.put_patches(worker, batch, keys)
             if out is None:
                 out = collate(batch, return_keys)
             batch = []
-            stats.add(worker, batches=1, busy_ns=time.perf_counter_ns() - t0)
+            t2 = time.perf_counter_ns()
+            stats.add(worker, batches=1, busy_ns=t2 - t0, patch_ns=t2 - t1)  # patch_ns: each patch's cut and its write
             yield out
             t0 = time.perf_counter_ns()
 
 
-def collate(patches: list[Patch], return_keys: bool = False) -> tuple[Any, ...]:
-    """Stack patches into ``lr [B,C,p,p]``, ``hr [B,C,sp,sp]`` (used where no slot pool is)."""
-    lr = torch.from_numpy(np.stack([p.lr for p in patches]))
-    hr = torch.from_numpy(np.stack([p.hr for p in patches]))
-    return (lr, hr, [p.key for p in patches]) if return_keys else (lr, hr)
+def collate(patches: Sequence[Patch], return_keys: bool = False) -> tuple[Any, ...]:
+    """Patches into new ``lr [B,C,p,p]``, ``hr [B,C,sp,sp]`` tensors (where no slot pool is)."""
+    first = patches[0]
+    lr = np.empty((len(patches),) + first.lr_shape, dtype=first.dtype)
+    hr = np.empty((len(patches),) + first.hr_shape, dtype=first.dtype)
+    write_rows(patches, lr, hr)
+    out = (torch.from_numpy(lr), torch.from_numpy(hr))
+    return (*out, [p.key for p in patches]) if return_keys else out

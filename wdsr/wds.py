@@ -29,13 +29,11 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import numpy as np
-import torch
-
 from shardmaker.format import headers
 from wdsr.decode import DecodedPair, Verify, check_digests, decode_members
 from wdsr.errors import SampleError
 from wdsr.patches import Patch, PatchConfig, cut_patches
+from wdsr.stream import collate
 
 
 def _member(sample: dict[str, Any], want: str | None, prefix: str) -> str:
@@ -116,9 +114,7 @@ class _Batched:
         for patch in items:
             batch.append(patch)
             if len(batch) == self.batch_size:
-                lr = torch.from_numpy(np.stack([p.lr for p in batch]))
-                hr = torch.from_numpy(np.stack([p.hr for p in batch]))
-                yield (lr, hr, [p.key for p in batch]) if self.keys else (lr, hr)
+                yield collate(batch, self.keys)
                 batch = []
 
 
