@@ -154,7 +154,8 @@ def test_patches_write_straight_into_a_slot_as_their_own_copies_and_a_mixed_batc
     lr = hr[::2, ::2].copy()
     spec = PatchConfig(2, 16)
     hwc, _ = cut_patches(DecodedPair("s", "a", 0, hr, lr, 0, 0), spec, 1, 0, 0, 8)
-    planar_pair = DecodedPair("s", "a", 0, np.ascontiguousarray(hr.transpose(2, 0, 1)), np.ascontiguousarray(lr.transpose(2, 0, 1)), 0, 0, chw=True)
+    hr_p, lr_p = (np.ascontiguousarray(a.transpose(2, 0, 1)) for a in (hr, lr))
+    planar_pair = DecodedPair("s", "a", 0, hr_p, lr_p, 0, 0, chw=True)
     planar, _ = cut_patches(planar_pair, spec, 1, 0, 0, 8)
     assert len({p.t for p in hwc}) > 2  # several transforms in the batch
     patches = hwc + planar
