@@ -261,15 +261,42 @@ def test_shared_slot_handoff_gives_the_same_batches(photo_shards):
         ds = wdsr.SRDataset(str(photo_shards), scale=2, patch_size=32, patches_per_image=8, batch_size=4,
                             shuffle_buffer=16, seed=9)
         loader = wdsr.make_loader(ds, num_workers=2, persistent_workers=False, prefetch_factor=2, shared_slots=pool)
-        assert (loader._pool is not None and loader._pool.slots == 4) if pool else loader._pool is None
+        assert (loader._pool is not None and loader._pool.slots == 5) if pool else loader._pool is None
         out = []
         for lr, hr in loader:
-            assert lr.is_shared() != pool  # slots are copied out into private memory; torch's path stays shared
+            assert lr.is_shared() != pool  # slots are lent as plain views; torch's path sends shared tensors
             out.append(digest(lr) + digest(hr))
-        assert len(out) == len(loader) > 2 * 4  # more batches than both workers' slots: slots were recycled
+        assert len(out) == len(loader) > 2 * 5  # more batches than both workers' slots: slots were recycled
         return out
 
     assert batches(True) == batches(False)
+
+
+def test_batches_the_trainer_holds_are_never_overwritten(photo_shards):
+    """Unpinned batches are lent slots: a slot comes back only when the batch and every view of it
+    are gone. A trainer that keeps every batch of an epoch (more than all the slots) still sees
+    each one as it arrived; the workers send the rest torch's way."""
+    import gc
+
+    ds = wdsr.SRDataset(str(photo_shards), scale=2, patch_size=32, patches_per_image=8, batch_size=4, shuffle_buffer=16, seed=9)
+    loader = wdsr.make_loader(ds, num_workers=2, prefetch_factor=2, pin_memory=False)
+    pool = loader._pool
+    held, seen = [], []
+    for lr, hr in loader:
+        part = hr[1:, :, 3:]  # a view: the slot must stay lent through it alone
+        seen.append(digest(lr) + digest(part))
+        held.append((lr, part))
+        del hr
+    lent = int(pool._busy.sum())
+    assert 0 < lent <= pool.workers * pool.slots < len(held)  # every slot held, the rest came torch's way
+    assert [digest(lr) + digest(part) for lr, part in held] == seen
+    ds.set_epoch(0)
+    again = [digest(lr) + digest(hr[1:, :, 3:]) for lr, hr in loader]
+    assert again == seen
+    held.clear()
+    del lr, part
+    gc.collect()
+    assert int(pool._busy.sum()) == 0  # all slots back once nothing holds them
 
 
 def test_two_loaders_on_one_dataset_keep_their_own_slots(photo_shards):

@@ -137,7 +137,12 @@ def test_batch_pool_round_trips_and_recycles_its_slots(dtype):
     as_np = got_lr.numpy() if dtype == np.uint8 else got_lr.view(torch.int16).numpy().view(np.uint16)
     assert as_np.dtype == dtype and (as_np == np.stack(lr)).all()
     assert got_hr.shape == (2, 3, 8, 8)
-    assert pool.put(1, lr, hr, None) is not None  # the slot taken is free again
+    assert pool.put(1, lr, hr, None) is None  # unpinned, the slot is lent with the tensors
+    view = got_hr[1]
+    del got_lr, got_hr, as_np
+    assert pool.put(1, lr, hr, None) is None  # a view of the batch still holds it
+    del view
+    assert pool.put(1, lr, hr, None) is not None  # the slot taken is free again once all of it is gone
     assert pool.put(1, lr, hr + hr, None) is None  # does not fit: the caller falls back to torch's path
     with pytest.raises(RuntimeError, match="another loader"):
         BatchPool(2, 2, nbytes).take(metas[1], pin=False)
@@ -165,6 +170,7 @@ def test_patches_write_straight_into_a_slot_as_their_own_copies_and_a_mixed_batc
     ref = pool.put_patches(0, patches, None)
     got_lr, got_hr = pool.take(ref, pin=False)
     assert (got_lr.numpy() == want_lr).all() and (got_hr.numpy() == want_hr).all()
+    del got_lr, got_hr  # the lent slot comes back
     lr_c, hr_c = collate(patches)
     assert (lr_c.numpy() == want_lr).all() and (hr_c.numpy() == want_hr).all()
     gray, _ = cut_patches(DecodedPair("s", "g", 0, hr[..., 0].copy(), lr[..., 0].copy(), 0, 0), spec, 1, 0, 0, 1)

@@ -168,7 +168,7 @@ class SRLoader(DataLoader):
         return nw * (self.sr_dataset.elastic_plan(epoch, origin, self.num_workers).per_slot // self.sr_dataset.config.batch_size)
 
     def _batches(self, inner: Any) -> Iterator[Any]:
-        """Batches from the DataLoader, copied out of their pool slots and counted; workers that
+        """Batches from the DataLoader, taken out of their pool slots and counted; workers that
         are not persistent are shut down as soon as the pass ends or fails, not whenever garbage
         collection gets to the iterator (which stalled exits by seconds)."""
         pool, pin = self._pool, self._pin
@@ -320,8 +320,10 @@ def make_loader(
 ) -> SRLoader:
     """Batches come ready-made from the workers (``batch_size=None``); keep them uint8 until on the device.
 
-    ``shared_slots`` (default): workers hand batches over through recycled shared-memory slots;
-    False: torch's own path (a new shared-memory segment per batch), for comparison.
+    ``shared_slots`` (default): workers hand batches over through recycled shared-memory slots
+    (unpinned, the batch tensors are the slot itself until they are dropped; a worker whose slots
+    are all held sends its batch torch's way); False: torch's own path (a new shared-memory
+    segment per batch), for comparison.
     """
     if num_workers < 0:
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
@@ -333,8 +335,9 @@ def make_loader(
     if num_workers > 0:
         extra = {"prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers, "worker_init_fn": _worker_init}
         if dataset.config.split is Split.TRAIN and shared_slots:
-            # slots: the batches a worker may have in flight, plus the one being copied out
-            pool = BatchPool(num_workers, prefetch_factor + 2, _batch_bytes(dataset))
+            # slots: the batches a worker may have in flight, plus those the trainer still holds (lent,
+            # unpinned: the current one and the one before it while the next is fetched) and one spare
+            pool = BatchPool(num_workers, prefetch_factor + 3, _batch_bytes(dataset))
     if pool is not None:  # the copy out of the slot goes straight into pinned memory
         return SRLoader(dataset, pool, pin_batches=pin_memory, num_workers=num_workers, pin_memory=False, **extra, **kwargs)
     return SRLoader(dataset, num_workers=num_workers, pin_memory=pin_memory, **extra, **kwargs)
