@@ -148,6 +148,24 @@ def test_batch_pool_round_trips_and_recycles_its_slots(dtype):
         BatchPool(2, 2, nbytes).take(metas[1], pin=False)
 
 
+@pytest.mark.parametrize("planar", [False, True])
+def test_a_run_of_patches_is_each_patch_cut_on_its_own(planar):
+    """cut_patches' loop over a run is cut() patch by patch: the same crops and transforms."""
+    from wdsr.patches import cut, draw_base
+
+    pair = _pair(4)
+    if planar:
+        hr, lr = (np.ascontiguousarray(a.transpose(2, 0, 1)) for a in (pair.hr, pair.lr))
+        pair = DecodedPair(pair.shard, pair.key, 0, hr, lr, 0, 0, chw=True)
+    spec = PatchConfig(4, 32)
+    run, _ = cut_patches(pair, spec, seed=5, epoch=2, first=3, count=40)
+    base = draw_base(5, 2, pair.key)
+    alone = [cut(pair, spec, base, j)[0] for j in range(3, 43)]
+    assert [(p.j, p.t) for p in run] == [(p.j, p.t) for p in alone]
+    assert all((a.lr == b.lr).all() and (a.hr == b.hr).all() for a, b in zip(run, alone, strict=True))
+    assert len({p.t for p in run}) == N_DIHEDRAL
+
+
 def test_patches_write_straight_into_a_slot_as_their_own_copies_and_a_mixed_batch_is_refused():
     """A batch slot holds exactly what each patch's ``lr``/``hr`` copy holds, for cut-from-decode
     (H x W x C) and decoded-cache (planar) pairs alike; a patch of another shape is refused with

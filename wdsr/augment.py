@@ -50,6 +50,8 @@ def _hwc_reversals(t: int) -> tuple[bool, bool, bool]:
 
 
 _HWC_REVERSALS = tuple(_hwc_reversals(t) for t in range(N_DIHEDRAL))
+# a planar source's flips, over its own dims: under a swap the output's H and W are its W and H
+_PLANAR_FLIPS = tuple(tuple(3 - d for d in flips) if swap else flips for swap, flips in _PLAN)
 
 
 def patch_source(view: np.ndarray, t: int, planar: bool = False) -> np.ndarray:
@@ -79,24 +81,22 @@ def write_chw(source: np.ndarray, t: int, planar: bool, out: np.ndarray) -> None
     ``out`` (a batch slot's row): the values of ``to_chw(dihedral_view(view, t))``.
 
     An H x W [x C] source is one permuting copy, with the reversals ``_hwc_reversals`` leaves to
-    it. A planar source
-    is read from the decoded cache here: one copy when ``t`` at most reverses its rows (numpy
-    copies reversed rows at memory speed); otherwise torch first flips or copies it into a small
-    contiguous block, and the copy into ``out`` (the transposing one when ``t`` swaps H and W)
-    reads that block from the CPU cache."""
-    wide = source.dtype == np.uint16
-    swap, flips = _PLAN[t]
+    it. A planar source is read from the decoded cache here: one copy when ``t`` at most reverses
+    its rows (numpy copies reversed rows at memory speed); otherwise it is first flipped (torch) or
+    copied into a small contiguous block, and the copy into ``out`` (the transposing one when ``t``
+    swaps H and W) reads that block from the CPU cache."""
+    swap = _PLAN[t][0]
     if planar:
-        # flips over the source's own dims: the output's H and W are the source's W and H under a swap
-        src_flips = tuple(3 - d for d in flips) if swap else flips
+        src_flips = _PLANAR_FLIPS[t]
         if not swap and src_flips in ((), (1,)):
             np.copyto(out, source[:, ::-1] if src_flips else source)
             return
         if src_flips in ((), (1,)):
             block = np.ascontiguousarray(source[:, ::-1] if src_flips else source)
+        elif source.dtype == np.uint16:  # torch has no flip for uint16: the same bits as int16
+            block = torch.from_numpy(source.view(np.int16)).flip(src_flips).numpy().view(np.uint16)
         else:
-            block = torch.from_numpy(source.view(np.int16) if wide else source).flip(src_flips).numpy()
-            block = block.view(np.uint16) if wide else block
+            block = torch.from_numpy(source).flip(src_flips).numpy()
         np.copyto(out, block.transpose(0, 2, 1) if swap else block)
         return
     _, rows, cols = _HWC_REVERSALS[t]

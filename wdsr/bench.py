@@ -35,7 +35,7 @@ class BenchResult:
     decode_share: float
     decode_ms: float  # per sample (HR + LR), image decoding alone
     verify_ms: float  # per sample, digest check
-    patch_ms: float  # per patch: crop + transform + copy
+    patch_ms: float  # per patch: its crop, transform and copy into the batch
     ceiling: float  # decode-bound patches/s for this many workers
     peak_rss_mb: float
     peak_private_mb: float

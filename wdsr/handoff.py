@@ -164,14 +164,8 @@ class Writable(Protocol):
 
 
 def write_rows(patches: Sequence[Writable], lr_rows: np.ndarray, hr_rows: np.ndarray) -> None:
-    """Patch ``i`` into row ``i`` of ``lr_rows`` and ``hr_rows``; every patch must have the first's shapes."""
-    lr_shape, hr_shape = lr_rows.shape[1:], hr_rows.shape[1:]
+    """Patch ``i`` into row ``i`` of ``lr_rows`` and ``hr_rows`` (each patch refuses rows of another size or depth)."""
     for i, p in enumerate(patches):
-        if i and (p.lr_shape != lr_shape or p.hr_shape != hr_shape or p.dtype != lr_rows.dtype):
-            raise ValueError(
-                f"patches of one batch differ: {p.lr_shape}/{p.hr_shape} {p.dtype} after {tuple(lr_shape)}/{tuple(hr_shape)} "
-                f"{lr_rows.dtype} (datasets of a mix must have the same channels and bit depth)"
-            )
         p.write(lr_rows[i], hr_rows[i])
 
 

@@ -41,9 +41,16 @@ class Patch:
         return chw_shape(self._hr, self.t, self.planar)
 
     def write(self, lr_out: np.ndarray, hr_out: np.ndarray) -> None:
-        """The patch, C x H x W, into ``lr_out`` and ``hr_out`` (rows of a batch)."""
-        write_chw(self._lr, self.t, self.planar, lr_out)
-        write_chw(self._hr, self.t, self.planar, hr_out)
+        """The patch, C x H x W, into ``lr_out`` and ``hr_out`` (rows of a batch); a patch of
+        another size or depth than the rows (a mix of datasets that differ) is refused."""
+        lr, hr = self._lr, self._hr
+        if lr.size != lr_out.size or hr.size != hr_out.size or hr.dtype != hr_out.dtype:
+            raise ValueError(
+                f"patches of one batch differ: {self.lr_shape}/{self.hr_shape} {hr.dtype} after "
+                f"{lr_out.shape}/{hr_out.shape} {hr_out.dtype} (datasets of a mix must have the same channels and bit depth)"
+            )
+        write_chw(lr, self.t, self.planar, lr_out)
+        write_chw(hr, self.t, self.planar, hr_out)
 
     @property
     def lr(self) -> np.ndarray:  # C x p x p, a new contiguous array
@@ -153,11 +160,21 @@ def cut_patches(pair: DecodedPair, spec: PatchConfig, seed: int, epoch: int, fir
     lh, lw = pair.lr_hw
     js = np.arange(first, first + count)
     firsts = draws(base, js, 0, (max(1, lh - p + 1), max(1, lw - p + 1), N_DIHEDRAL if spec.augment else 1))
-    for n, j in enumerate(range(first, first + count)):
-        patch, r = cut(pair, spec, base, j, firsts[n])
-        out.append(patch)
-        rejected += r
-    return out, rejected
+    if spec.min_patch_std is not None or lh < p or lw < p:
+        for n, j in enumerate(range(first, first + count)):
+            patch, r = cut(pair, spec, base, j, firsts[n])
+            out.append(patch)
+            rejected += r
+        return out, rejected
+    # every patch its try-0 draw: what cut() does, without its per-patch checks
+    s, lr, hr, chw, key = spec.scale, pair.lr, pair.hr, pair.chw, pair.key
+    for j, (y, x, t) in zip(range(first, first + count), firsts.tolist(), strict=True):
+        if chw:
+            lr_v, hr_v = lr[:, y : y + p, x : x + p], hr[:, s * y : s * (y + p), s * x : s * (x + p)]
+        else:
+            lr_v, hr_v = lr[y : y + p, x : x + p], hr[s * y : s * (y + p), s * x : s * (x + p)]
+        out.append(Patch(patch_source(lr_v, t, chw), patch_source(hr_v, t, chw), t, chw, key, j))
+    return out, 0
 
 
 __getattr__ = _compat.module_getattr(__name__, {"PatchSpec": ("wdsr.patches.PatchConfig", PatchConfig)})
