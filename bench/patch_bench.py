@@ -1,0 +1,162 @@
+"""The per-patch path alone: what a patch costs once its pair is decoded (or mapped from the cache).
+
+    .venv/bin/python bench/patch_bench.py [--seconds 15] [--frames 128] [--out bench/out]
+
+On the 128 4K frames of ``stream_bench.py`` (x4, HR patch 192, batch 16):
+
+1. **Per transform**: each of the 8 dihedral transforms, HR 192 x 192 x 3 uint8, as one patch costs
+   it: from a decoded H x W x C frame (the crop copy at cut time, then the permuting write into a
+   batch row) and from a planar frame in a tmpfs file mapped private (the decoded cache: the write
+   alone), us per HR patch, random positions, 16-row batches.
+2. **In one process** (``num_workers=0``, so nothing competes for the core): ``ms/patch`` of the
+   pipeline over 3 epochs, decoded QOI at k=120, and the PNG shards from the decoded cache (k=16,
+   the third epoch, when the mapped pages are in place).
+3. **The handoff**: ``wdsr bench``'s ``ms/patch`` and patches/s from the decoded cache with 1 and
+   2 workers, and the time the trainer process spends taking each batch out of its slot: lent
+   (unpinned, as now) and, with 2 workers, copied out into new tensors (as before).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from stream_bench import shards  # noqa: E402
+
+from wdsr import SRDataset, handoff, make_loader  # noqa: E402
+from wdsr.augment import N_DIHEDRAL, chw_shape, patch_source, write_chw  # noqa: E402
+from wdsr.bench import bench_stream, fill_decoded_cache  # noqa: E402
+from wdsr.loader import tune_malloc  # noqa: E402
+
+H, W, P = 2160, 3840, 192
+
+
+def per_transform(n: int = 4000) -> dict[str, list[float]]:
+    rng = np.random.default_rng(0)
+    hwc = rng.integers(0, 256, (H, W, 3), dtype=np.uint8)
+    path = Path("/dev/shm") / f"wdsr-patch-bench-{os.getpid()}"
+    np.ascontiguousarray(hwc.transpose(2, 0, 1)).tofile(path)
+    try:
+        planar = np.memmap(path, np.uint8, "c", shape=(3, H, W))
+        planar.sum()  # every page mapped before timing, as a kept mapping is
+        rows = np.empty((4, 16, 3, P, P), np.uint8)
+        out: dict[str, list[float]] = {}
+        for name, src, chw in (("decoded H x W x C: crop + write", hwc, False), ("decoded cache (planar): write", planar, True)):
+            total, count, held = np.zeros(N_DIHEDRAL), np.zeros(N_DIHEDRAL), []
+            for i in range(n):
+                y, x, t = int(rng.integers(0, H - P)), int(rng.integers(0, W - P)), i % N_DIHEDRAL
+                view = src[:, y : y + P, x : x + P] if chw else src[y : y + P, x : x + P]
+                t0 = time.perf_counter_ns()
+                s = patch_source(view, t, chw)
+                t1 = time.perf_counter_ns()
+                held.append((s, t))  # written later, as the shuffle buffer holds it
+                if len(held) > 256:
+                    s, t = held.pop(0)
+                    row = rows[(i // 16) % 4, i % 16]
+                    assert row.shape == chw_shape(s, t, chw)
+                    t2 = time.perf_counter_ns()
+                    write_chw(s, t, chw, row)
+                    total[t] += t1 - t0 + time.perf_counter_ns() - t2
+                    count[t] += 1
+            out[name] = list(total / np.maximum(count, 1) / 1e3)
+        return out
+    finally:
+        path.unlink()
+
+
+def in_process(url: str, k: int, cache: str | None, epochs: int) -> tuple[float, float]:
+    ds = SRDataset(url, scale=4, patch_size=P, patches_per_image=k, decoded_cache=cache)
+    loader = make_loader(ds, num_workers=0)
+    ms = rate = float("nan")
+    for e in range(epochs):
+        loader.set_epoch(e)
+        before, t0, n = ds.stats.totals(), time.perf_counter(), 0
+        for _ in loader:
+            n += 1
+        after = ds.stats.totals()
+        ms = (after["patch_ns"] - before["patch_ns"]) / max(1, after["patches"] - before["patches"]) / 1e6
+        rate = n * 16 / (time.perf_counter() - t0)
+    return ms, rate
+
+
+def handoff_runs(url: str, cache: str, seconds: float) -> list[tuple[str, float, float, float]]:
+    """``wdsr bench`` from the cache with 1 and 2 workers, the trainer taking lent batches, and
+    with 2 workers the trainer copying each batch out of its slot as it did before (a copy into
+    new tensors, the slot freed at once), timing the trainer's take."""
+    spent = [0, 0]
+    take = handoff.BatchPool.take
+
+    def lent(self: handoff.BatchPool, ref: handoff.SlotRef, pin: bool) -> tuple:
+        t0 = time.perf_counter_ns()
+        out = take(self, ref, pin)
+        spent[0] += time.perf_counter_ns() - t0
+        spent[1] += 1
+        return out
+
+    def copied(self: handoff.BatchPool, ref: handoff.SlotRef, pin: bool) -> tuple:
+        t0 = time.perf_counter_ns()
+        out = tuple(t.clone() for t in take(self, ref, pin))  # the lent tensors go at once: the slot is free
+        spent[0] += time.perf_counter_ns() - t0
+        spent[1] += 1
+        return out
+
+    rows = []
+    try:
+        for name, workers, how in (("1 worker, lent", 1, lent), ("2 workers, lent", 2, lent), ("2 workers, copied out", 2, copied)):
+            handoff.BatchPool.take = how  # type: ignore[method-assign]
+            spent[:] = [0, 0]
+            r = bench_stream(url, workers=workers, patches_per_image=16, decoded_cache=cache, seconds=seconds)
+            rows.append((name, r.patches_per_s, r.patch_ms, spent[0] / max(1, spent[1]) / 1e6))
+        return rows
+    finally:
+        handoff.BatchPool.take = take  # type: ignore[method-assign]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--frames", type=int, default=128)
+    ap.add_argument("--out", default="bench/out")
+    ap.add_argument("--decoded-cache", default="/dev/shm/wdsr-patch-bench")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    tune_malloc()  # as in a DataLoader worker
+    ours = shards(Path(args.out), args.frames)
+    lines = [f"{args.frames} 4K frames, x4, HR patch {P}, batch 16; us per HR patch (uint8 RGB) by transform:", ""]
+    lines.append("| source | " + " | ".join(f"t={t}" for t in range(N_DIHEDRAL)) + " | mean |")
+    lines.append("|---" * (N_DIHEDRAL + 2) + "|")
+    for name, us in per_transform().items():
+        lines.append(f"| {name} | " + " | ".join(f"{u:.1f}" for u in us) + f" | **{np.mean(us):.1f}** |")
+    shutil.rmtree(args.decoded_cache, ignore_errors=True)
+    try:
+        fill_decoded_cache(ours["png"], 4, args.decoded_cache, None, 2)
+        lines += ["", "In one process (`num_workers=0`), HR + LR, cut and write into the batch:", ""]
+        lines += ["| run | ms/patch | patches/s |", "|---|---|---|"]
+        ms, rate = in_process(ours["qoi"], 120, None, 1)
+        lines.append(f"| decoded QOI, k=120 | **{ms:.3f}** | {rate:.0f} |")
+        ms, rate = in_process(ours["png"], 16, args.decoded_cache, 3)
+        lines.append(f"| decoded cache (PNG shards), k=16, 3rd epoch | **{ms:.3f}** | {rate:.0f} |")
+        lines += ["", f"`wdsr bench` from the decoded cache, k=16, {args.seconds:.0f} s:", ""]
+        lines += ["| run | patches/s | ms/patch | trainer's time to take a batch |", "|---|---|---|---|"]
+        for name, rate, ms, take_ms in handoff_runs(ours["png"], args.decoded_cache, args.seconds):
+            lines.append(f"| {name} | {rate:.0f} | **{ms:.3f}** | {take_ms:.3f} ms |")
+    finally:
+        shutil.rmtree(args.decoded_cache, ignore_errors=True)
+    text = "\n".join(lines)
+    print(text)
+    Path(args.out, "patch_bench.md").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
