@@ -95,3 +95,26 @@ def kill_tree(pid: int) -> None:
                 os.kill(p, sig)
             except ProcessLookupError:
                 pass
+
+
+def posix_semaphores() -> set[Path]:
+    """multiprocessing's named semaphores in /dev/shm (spawn/forkserver pools create them)."""
+    return set(Path("/dev/shm").glob("sem.mp-*"))
+
+
+def remove_orphan_semaphores(before: set[Path]) -> list[Path]:
+    """Semaphores that appeared since ``before`` and that no live process maps: what a process
+    group killed with SIGKILL (its resource tracker with it) leaves behind. Removed; returned."""
+    new = posix_semaphores() - before
+    if not new:
+        return []
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped.update(line.split(maxsplit=5)[-1].strip() for line in maps.read_text().splitlines() if "/dev/shm/sem.mp-" in line)
+        except OSError:  # the process is gone, or not ours to read
+            continue
+    orphans = sorted(p for p in new if str(p) not in mapped)
+    for p in orphans:
+        p.unlink(missing_ok=True)
+    return orphans

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import photos, save
-from tests.helpers import shard_hashes, sm
+from tests.helpers import posix_semaphores, remove_orphan_semaphores, shard_hashes, sm
 
 pytestmark = pytest.mark.slow
 
@@ -29,6 +29,7 @@ def test_kill_minus_9_then_rerun_completes_without_redoing_shards(capsys, tmp_pa
     src = big_tree(tmp_path / "hr")
     flags = ["--scale", "2,3,4", "--max-samples", "1", "--png-level", "6"]
     out = tmp_path / "killed"
+    semaphores = posix_semaphores()
     proc = subprocess.Popen([sys.executable, "-m", "shardmaker", "-q", "build", str(src), str(out), *flags],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
@@ -39,6 +40,8 @@ def test_kill_minus_9_then_rerun_completes_without_redoing_shards(capsys, tmp_pa
     assert proc.poll() is None, "the build finished before it could be killed; make the workload larger"
     os.killpg(proc.pid, signal.SIGKILL)  # the build and its encoding processes die at once, as when a node dies
     proc.wait()
+    time.sleep(0.2)  # the group's last processes gone from /proc
+    remove_orphan_semaphores(semaphores)  # the killed pool's semaphores: its resource tracker died with it
     assert not (out / "manifest.json").exists()
     finished = len(list(out.glob("shard-*.tar")))
     assert finished >= 3
