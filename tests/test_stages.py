@@ -213,12 +213,19 @@ def test_world_comes_from_the_environment_it_is_given():
     assert env.current_worker() == (0, 1)  # outside a DataLoader worker
 
 
+@pytest.mark.parametrize("kernels", ["cv2", "numpy"])
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
 @pytest.mark.parametrize("channels", [3, 1, None])
-def test_patch_chw_is_the_numpy_reference_for_every_transform_and_layout(dtype, channels):
+def test_patch_chw_is_the_numpy_reference_for_every_transform_and_layout(dtype, channels, kernels, monkeypatch):
     """The fast patch copy (torch flips/transposes, planar or H x W x C input) against the plain
     numpy definition: rot90 over (H, W), flip W, then C x H x W."""
+    from wdsr import augment
     from wdsr.augment import patch_chw
+
+    if kernels == "numpy":  # the path without OpenCV
+        monkeypatch.setattr(augment, "_cv2", None)
+    else:
+        assert augment._cv2 is not None
 
     rng = np.random.default_rng(7)
     shape = (60, 50) if channels is None else (60, 50, channels)

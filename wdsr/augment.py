@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
+
+_cv2: Any
+try:  # OpenCV's SIMD kernels for the byte shuffles, 2-6x numpy's (bench/cv2_kernels.py); numpy without it
+    import cv2 as _cv2
+except ImportError:  # pragma: no cover - opencv-python-headless is a dependency
+    _cv2 = None
 
 N_DIHEDRAL = 8
 
@@ -54,15 +62,35 @@ _HWC_REVERSALS = tuple(_hwc_reversals(t) for t in range(N_DIHEDRAL))
 _PLANAR_FLIPS = tuple(tuple(3 - d for d in flips) if swap else flips for swap, flips in _PLAN)
 
 
+def _flip_code(rows: bool, cols: bool) -> int | None:
+    """cv2.flip's code for reversing rows and/or columns (None: neither)."""
+    return -1 if rows and cols else 0 if rows else 1 if cols else None
+
+
+# with cv2: an H x W [x C] crop is cut with every reversal of its transform done (cv2.flip, the crop's
+# one copy); a planar source's per-plane flip code, over its own rows and columns
+_CUT_FLIPS = tuple(_flip_code(2 in f, 1 in f) if swap else _flip_code(1 in f, 2 in f) for swap, f in _PLAN)
+_PLANE_FLIPS = tuple(_flip_code(1 in f, 2 in f) for f in _PLANAR_FLIPS)
+
+
+def _cv2_source(source: np.ndarray) -> bool:
+    """Whether an H x W [x C] crop goes the cv2 way (cut and write make the same choice)."""
+    return _cv2 is not None and (source.ndim == 2 or source.shape[2] in (1, 3))
+
+
 def patch_source(view: np.ndarray, t: int, planar: bool = False) -> np.ndarray:
     """What a patch keeps from its cut until it is written into its batch: a planar view as it
     is (it lies in the decoded cache's mapping, which outlives the patch), or the H x W [x C]
-    crop copied out of its decoded image (rows reversed when ``t`` says so: still a plain row
-    copy)."""
+    crop copied out of its decoded image: with cv2, with every reversal ``t`` makes already done
+    (one ``cv2.flip``); without, rows reversed when ``_hwc_reversals`` says so (a plain row copy)."""
     if not 0 <= t < N_DIHEDRAL:
         raise ValueError(f"dihedral transform index must be 0..7, got {t}")
     if planar:
         return view
+    if _cv2_source(view):
+        code = _CUT_FLIPS[t]
+        out = np.ascontiguousarray(view) if code is None else _cv2.flip(view, code)
+        return out.reshape(view.shape)  # cv2 drops a last axis of 1
     return np.ascontiguousarray(view[::-1] if _HWC_REVERSALS[t][0] else view)
 
 
@@ -86,6 +114,28 @@ def write_chw(source: np.ndarray, t: int, planar: bool, out: np.ndarray) -> None
     copied into a small contiguous block, and the copy into ``out`` (the transposing one when ``t``
     swaps H and W) reads that block from the CPU cache."""
     swap = _PLAN[t][0]
+    if _cv2 is not None:
+        if planar:
+            code = _PLANE_FLIPS[t]
+            for c in range(source.shape[0]):
+                plane, dst = source[c], out[c]
+                if swap:
+                    _cv2.transpose(plane if code is None else _cv2.flip(plane, code), dst)
+                elif code is None:
+                    np.copyto(dst, plane)
+                else:
+                    _cv2.flip(plane, code, dst)
+            return
+        if _cv2_source(source):  # its reversals were done at the cut
+            hw = source if source.ndim == 2 else source[:, :, 0] if source.shape[2] == 1 else None
+            if hw is not None:
+                if swap:
+                    _cv2.transpose(hw, out[0])
+                else:
+                    np.copyto(out[0], hw)
+            else:
+                _cv2.split(_cv2.transpose(source) if swap else source, [out[c] for c in range(out.shape[0])])
+            return
     if planar:
         src_flips = _PLANAR_FLIPS[t]
         if not swap and src_flips in ((), (1,)):
