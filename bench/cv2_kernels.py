@@ -1,10 +1,10 @@
-"""The byte shuffles of the per-patch path: numpy (what wdsr uses) against OpenCV's SIMD kernels.
+"""The byte shuffles of the per-patch path: numpy (wdsr's fallback) against OpenCV's SIMD kernels (what it uses).
 
-    .venv/bin/python bench/cv2_kernels.py      (needs cv2: ``pip install -e .[bench]``)
+    .venv/bin/python bench/cv2_kernels.py
 
 One HR patch, 192 x 192 x 3 uint8, hot in the cache, one thread: the C x H x W deinterleave of an
-H x W x C crop, the same with H and W swapped, and a 192 x 192 plane transposed. Not used by wdsr:
-a measurement for deciding whether an optional cv2 fast path is worth its dependency.
+H x W x C crop, the same with H and W swapped, and a 192 x 192 plane transposed: the measurement
+that made opencv-python-headless a dependency of wdsr (``wdsr.augment`` uses cv2 for these copies).
 """
 
 from __future__ import annotations

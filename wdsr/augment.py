@@ -108,11 +108,16 @@ def write_chw(source: np.ndarray, t: int, planar: bool, out: np.ndarray) -> None
     """Batch time: ``source`` (from ``patch_source``) under transform ``t``, C x H x W, into
     ``out`` (a batch slot's row): the values of ``to_chw(dihedral_view(view, t))``.
 
-    An H x W [x C] source is one permuting copy, with the reversals ``_hwc_reversals`` leaves to
-    it. A planar source is read from the decoded cache here: one copy when ``t`` at most reverses
-    its rows (numpy copies reversed rows at memory speed); otherwise it is first flipped (torch) or
-    copied into a small contiguous block, and the copy into ``out`` (the transposing one when ``t``
-    swaps H and W) reads that block from the CPU cache."""
+    With cv2 (OpenCV's SIMD kernels, 2-6x numpy's for these copies; ``bench/cv2_kernels.py``): an
+    H x W [x C] source, cut with its reversals done, is split into ``out``'s planes (transposed
+    first when ``t`` swaps H and W); a planar source is written plane by plane with one flip,
+    transpose or copy (a flip then a transpose when ``t`` does both).
+
+    Without cv2: an H x W [x C] source is one numpy permuting copy, with the reversals
+    ``_hwc_reversals`` leaves to it. A planar source is read from the decoded cache here: one copy
+    when ``t`` at most reverses its rows (numpy copies reversed rows at memory speed); otherwise it
+    is first flipped (torch) or copied into a small contiguous block, and the copy into ``out``
+    (the transposing one when ``t`` swaps H and W) reads that block from the CPU cache."""
     swap = _PLAN[t][0]
     if _cv2 is not None:
         if planar:
