@@ -13,7 +13,7 @@ from wdsr.augment import N_DIHEDRAL, dihedral_view, to_chw
 from wdsr.decode import DecodedPair
 from wdsr.errors import SampleError
 from wdsr.handoff import BatchPool, is_slot
-from wdsr.patches import PatchConfig, cut_patches
+from wdsr.patches import Patch, PatchConfig, cut_patches
 from wdsr.shuffle import shuffled
 
 
@@ -129,21 +129,28 @@ def test_batch_pool_round_trips_and_recycles_its_slots(dtype):
     hr = [rng.integers(0, top, (3, 8, 8), dtype=dtype) for _ in range(2)]
     nbytes = sum(a.nbytes for a in lr + hr)
     pool = BatchPool(workers=2, slots=2, slot_bytes=nbytes)
-    metas = [pool.put(1, lr, hr, None) for _ in range(2)]
+
+    class _Pool:  # arrays in, as patches: planar sources, transform 0 (a plain copy into the slot)
+        @staticmethod
+        def put(worker, lrs, hrs, keys):
+            return pool.put_patches(worker, [Patch(a, b, 0, True, "k", 0) for a, b in zip(lrs, hrs, strict=True)], keys)
+
+    metas = [_Pool.put(1, lr, hr, None) for _ in range(2)]
     assert all(is_slot(m) for m in metas)
-    assert pool.put(1, lr, hr, None) is None  # both of worker 1's slots are busy
-    assert pool.put(0, lr, hr, ["a", "b"]) is not None  # worker 0 has its own
+    assert _Pool.put(1, lr, hr, None) is None  # both of worker 1's slots are busy
+    assert _Pool.put(0, lr, hr, ["a", "b"]) is not None  # worker 0 has its own
     got_lr, got_hr = pool.take(metas[0], pin=False)
     as_np = got_lr.numpy() if dtype == np.uint8 else got_lr.view(torch.int16).numpy().view(np.uint16)
     assert as_np.dtype == dtype and (as_np == np.stack(lr)).all()
     assert got_hr.shape == (2, 3, 8, 8)
-    assert pool.put(1, lr, hr, None) is None  # unpinned, the slot is lent with the tensors
+    assert _Pool.put(1, lr, hr, None) is None  # unpinned, the slot is lent with the tensors
     view = got_hr[1]
     del got_lr, got_hr, as_np
-    assert pool.put(1, lr, hr, None) is None  # a view of the batch still holds it
+    assert _Pool.put(1, lr, hr, None) is None  # a view of the batch still holds it
     del view
-    assert pool.put(1, lr, hr, None) is not None  # the slot taken is free again once all of it is gone
-    assert pool.put(1, lr, hr + hr, None) is None  # does not fit: the caller falls back to torch's path
+    assert _Pool.put(1, lr, hr, None) is not None  # the slot taken is free again once all of it is gone
+    wide = [np.concatenate([a, a], axis=2) for a in hr]  # twice the bytes of a slot's HR rows
+    assert _Pool.put(1, lr, wide, None) is None  # does not fit: the caller falls back to torch's path
     with pytest.raises(RuntimeError, match="another loader"):
         BatchPool(2, 2, nbytes).take(metas[1], pin=False)
 

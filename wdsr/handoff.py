@@ -77,20 +77,6 @@ class BatchPool:
         nbytes = (int(np.prod(lr_shape)) + int(np.prod(hr_shape))) * dtype.itemsize
         return nbytes <= self.slot_bytes and dtype.name in _DTYPES
 
-    def put(self, worker: int, lr: list[np.ndarray], hr: list[np.ndarray], keys: list[str] | None) -> SlotRef | None:
-        """Stack arrays into a free slot of ``worker``; None when none is free or they do not fit."""
-        a, b = lr[0], hr[0]
-        lr_shape, hr_shape = (len(lr),) + a.shape, (len(hr),) + b.shape
-        if not self._fits(a.dtype, lr_shape, hr_shape):
-            return None
-        index = self._reserve(worker)
-        if index is None:
-            return None
-        lr_rows, hr_rows = self._rows(index, a.dtype, lr_shape, hr_shape)
-        np.stack(lr, out=lr_rows)
-        np.stack(hr, out=hr_rows)
-        return SlotRef(self.token, index, lr_shape, hr_shape, a.dtype.name, keys)
-
     def put_patches(self, worker: int, patches: Sequence[Writable], keys: list[str] | None) -> SlotRef | None:
         """Write patches straight into a free slot of ``worker`` (each patch's one copy); None when
         none is free or they do not fit."""
@@ -119,13 +105,12 @@ class BatchPool:
         if token != self.token:
             raise RuntimeError("a batch arrived from another loader's workers; build one loader per dataset")
         np_t, torch_t = _DTYPES[dtype]
-        view = self._view(index)
         if not pin:
             lr, hr = self._rows(index, np.dtype(np_t), tuple(lr_shape), tuple(hr_shape))
             _lend(self._busy, index, (lr, hr))
             lr_t, hr_t = torch.from_numpy(lr), torch.from_numpy(hr)
             return (lr_t, hr_t) if keys is None else (lr_t, hr_t, list(keys))
-        out, at = [], 0
+        view, out, at = self._view(index), [], 0
         for shape in (lr_shape, hr_shape):
             t = torch.empty(tuple(shape), dtype=torch_t, pin_memory=pin)
             nbytes = t.numel() * t.element_size()
