@@ -1,7 +1,10 @@
 """Source loading and member codecs on real photos: lossless round trips, clear refusals."""
 from __future__ import annotations
 
+import functools
 import io
+import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -67,10 +70,12 @@ def test_jpeg_and_palette_sources_load_as_rgb():
 
 def test_alpha_refused_unless_dropped():
     rgba = np.dstack([photos()[0][:20, :20], np.full((20, 20), 200, np.uint8)])
-    data = _bytes(rgba, "PNG")
-    with pytest.raises(ImageDataError, match="alpha"):
-        codecs.load_source(data)
-    assert np.array_equal(codecs.load_source(data, drop_alpha=True), rgba[:, :, :3])
+    grey_alpha = np.dstack([rgba[:, :, 1], rgba[::-1, :, 2]])
+    for img in (rgba, grey_alpha):
+        data = _bytes(img, "PNG")
+        with pytest.raises(ImageDataError, match="alpha"):
+            codecs.load_source(data)
+        assert np.array_equal(codecs.load_source(data, drop_alpha=True), img[:, :, :-1].squeeze(2) if img.shape[2] == 2 else img[:, :, :3])
 
 
 def test_pixel_limit_checked_before_decoding():
@@ -94,3 +99,86 @@ def test_corrupt_members_are_clear_errors():
         codecs.decode(good[:20], "qoi")
     with pytest.raises(ImageDataError, match="unknown member extension"):
         codecs.decode(good, "pickle")
+
+
+@functools.cache
+def _png_variants() -> dict[str, bytes]:
+    """PNGs as our writer, Pillow and OpenCV (libpng) write them, in every layout we read."""
+    import cv2
+
+    rgb = photos()[0][:203, :157]  # odd sizes: rows that are not a whole number of stored blocks
+    grey = rgb[:, :, 1].copy()
+    rgb16 = rgb.astype(np.uint16) * 257 + np.arange(157, dtype=np.uint16)[:, None]
+    out = {
+        "ours rgb8": codecs.encode(rgb, Codec.PNG),
+        "ours grey8": codecs.encode(grey, Codec.PNG),
+        "ours rgb16": codecs.encode(rgb16, Codec.PNG),
+        "ours grey16 level 9": codecs.encode(rgb16[:, :, 0].copy(), Codec.PNG, 9),
+        "opencv rgb8": cv2.imencode(".png", rgb)[1].tobytes(),
+        "opencv rgba16": cv2.imencode(".png", np.dstack([rgb16, rgb16[:, :, :1]]))[1].tobytes(),
+        "pillow palette": _bytes(np.asarray(Image.fromarray(rgb).convert("P", palette=Image.Palette.ADAPTIVE)), "PNG"),
+        "pillow grey+alpha": _bytes(np.dstack([grey, grey[::-1]]), "PNG"),
+    }
+    big = np.tile(rgb, (6, 6, 1))  # Pillow writes 64 KiB IDAT chunks: several of them here
+    out["pillow rgb8, many IDAT"] = _bytes(big, "PNG", compress_level=9)
+    from PIL import PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Comment", "a text chunk before the image data")
+    out["pillow with text, gamma"] = _bytes(rgb, "PNG", pnginfo=info, gamma=0.45455)
+    return out
+
+
+@pytest.mark.parametrize("name", list(_png_variants()))
+def test_png_inflated_by_libdeflate_decodes_to_the_same_pixels(name):
+    """The rebuilt PNG (image data inflated by libdeflate, stored uncompressed) is a valid PNG
+    that libspng and Pillow (which checks every CRC) read to exactly the original's pixels."""
+    import pyspng
+
+    data = _png_variants()[name]
+    fast = codecs._inflated_png(data)
+    assert fast is not None  # every one of these takes the fast path
+    if name == "pillow rgb8, many IDAT":
+        assert data.count(b"IDAT") > 3 and fast.count(b"IDAT") == 1
+    layout = "RGBA" if name == "pillow grey+alpha" else None  # libspng's only output for 8-bit grey+alpha
+    reference = pyspng.load(data, layout)
+    assert np.array_equal(pyspng.load(fast, layout), reference)
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(fast))), np.asarray(Image.open(io.BytesIO(data))))
+    w, h, depth, ctype = struct.unpack(">IIBB", data[16:26])
+    assert len(fast) > h * w * {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[ctype] * depth // 8  # the rows stored, not compressed
+    assert np.array_equal(codecs._decode_png(memoryview(data)), codecs._decode_png(data))
+    pos = 8
+    while pos < len(fast):  # every chunk's CRC, checked here (libspng and Pillow skip some)
+        length, tag = struct.unpack(">I4s", fast[pos : pos + 8])
+        assert struct.unpack(">I", fast[pos + 8 + length : pos + 12 + length])[0] == zlib.crc32(fast[pos + 4 : pos + 8 + length])
+        pos += 12 + length
+    assert pos == len(fast) and tag == b"IEND"
+
+
+def test_png_outside_the_fast_path_still_decodes_or_fails_clearly():
+    data = codecs.encode(photos()[1][:64, :64], Codec.PNG)
+    i = data.index(b"IDAT") + 40
+    corrupt = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1 :]
+    assert codecs._inflated_png(corrupt) is None  # libdeflate refuses the stream or its Adler-32
+    with pytest.raises(ImageDataError, match="corrupt or truncated PNG"):
+        codecs.decode(corrupt, "png")
+    assert codecs._inflated_png(data[: len(data) - 30]) is None  # truncated inside IDAT
+    interlaced = data[:28] + b"\x01" + data[29:]
+    assert codecs._inflated_png(interlaced) is None
+    after = data[:-12] + _chunk(b"tEXt", b"Comment\0after the image data") + data[-12:]  # IDAT, tEXt, IEND
+    assert np.array_equal(codecs.decode(after, "png"), codecs.decode(data, "png"))
+    assert codecs._inflated_png(after) is not None
+    i = data.index(b"IDAT") - 4
+    (n,) = struct.unpack(">I", data[i : i + 4])
+    idat = data[i + 8 : i + 8 + n]
+    broken = data[:i] + _chunk(b"IDAT", idat[:100]) + _chunk(b"tEXt", b"a\0b") + _chunk(b"IDAT", idat[100:]) + data[-12:]
+    assert codecs._inflated_png(broken) is None  # IDAT chunks not in one run
+    w, h = struct.unpack(">II", data[16:24])
+    taller = data[:8] + _chunk(b"IHDR", struct.pack(">II", w, h + 1) + data[24:29]) + data[33:]
+    assert codecs._inflated_png(taller) is None  # the stream ends a row early
+    with pytest.raises(ImageDataError, match="corrupt or truncated PNG"):
+        codecs.decode(taller, "png")
+
+
+def _chunk(tag: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + tag + body + struct.pack(">I", zlib.crc32(tag + body))
