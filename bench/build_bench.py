@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyspng
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -91,6 +92,7 @@ def main() -> int:
     png, qoi_b = codecs.encode(img, Codec.PNG, 1), codecs.encode(img, Codec.QOI)
     png6 = codecs.encode(img, Codec.PNG, 6)
     t_dpng = timed(lambda: codecs.decode(png, "png"))
+    t_dspng = timed(lambda: pyspng.load(png))
     t_dpil = timed(lambda: np.asarray(Image.open(io.BytesIO(png)).convert("RGB")))
 
     def pillow_png() -> bytes:
@@ -130,9 +132,9 @@ def main() -> int:
         f"| HR PNG encode, level 1 | {t_png1 * 1e3:.0f} |",
         f"| HR PNG encode, level 6 | {t_png6 * 1e3:.0f} |",
         f"| HR PNG encode, Pillow level 1 (for comparison) | {t_pil1 * 1e3:.0f} |",
-        f"| HR PNG decode (pyspng) of Pillow's level-1 file | {t_dpilpng * 1e3:.0f} |",
+        f"| HR PNG decode (wdsr: libdeflate + libspng) of Pillow's level-1 file | {t_dpilpng * 1e3:.0f} |",
         f"| HR QOI encode | {t_qoi * 1e3:.0f} |",
-        f"| HR PNG decode, pyspng / Pillow | {t_dpng * 1e3:.0f} / {t_dpil * 1e3:.0f} |",
+        f"| HR PNG decode, wdsr (libdeflate + libspng) / libspng alone / Pillow | {t_dpng * 1e3:.0f} / {t_dspng * 1e3:.0f} / {t_dpil * 1e3:.0f} |",
         f"| HR QOI decode | {t_dqoi * 1e3:.0f} |",
         "",
         f"LR generation / HR PNG encode (level 1): **{t_lr / t_png1:.2f}** (matlab), {t_lr8 / t_png1:.2f} (matlab-uint8); "
@@ -144,7 +146,7 @@ def main() -> int:
     (work.parent / "build_bench.json").write_text(json.dumps({
         "build": [dict(zip(("codec", "workers", "images_per_s", "mb_per_s", "mb_per_sample"), r)) for r in rows],
         "ms": {"lr_matlab": t_lr * 1e3, "lr_matlab_uint8": t_lr8 * 1e3, "png1_encode": t_png1 * 1e3,
-               "png6_encode": t_png6 * 1e3, "qoi_encode": t_qoi * 1e3, "png_decode_pyspng": t_dpng * 1e3,
+               "png6_encode": t_png6 * 1e3, "qoi_encode": t_qoi * 1e3, "png_decode": t_dpng * 1e3, "png_decode_pyspng": t_dspng * 1e3,
                "png_decode_pillow": t_dpil * 1e3, "qoi_decode": t_dqoi * 1e3},
         "lr_over_png_encode": t_lr / t_png1,
     }, indent=1))

@@ -3,8 +3,9 @@
     .venv/bin/python bench/png_decode.py [--frames 16] [--out bench/out]
 
 The HR and LR PNG members of the first frames of ``stream_bench.py``'s shards (3840 x 2160 RGB
-photos, x4; our writer: filter Average, deflate level 1), one process, one thread, each member
-decoded by both paths in turn (interleaved, so both see the same machine):
+photos, x4; our writer: filter Average, deflate level 1), one process, one thread, with glibc's
+malloc tuned as in every wdsr worker (``wdsr.loader.tune_malloc``), each member decoded by both
+paths in turn (interleaved, so both see the same machine):
 
 * **libspng** (``pyspng.load`` on the member): zlib inflates, libspng unfilters;
 * **wdsr** (``shardmaker.codecs.decode``): libdeflate inflates the image data, which goes back to
@@ -35,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stream_bench import shards  # noqa: E402
 
 from shardmaker import codecs  # noqa: E402
+from wdsr.loader import tune_malloc  # noqa: E402
 
 
 def members(url: str, frames: int) -> dict[str, list[bytes]]:
@@ -58,9 +60,9 @@ def idat(png: bytes) -> tuple[bytes, int]:
     return png[41 : 41 + n], h * (1 + w * (1 if ctype == 0 else 3) * depth // 8)
 
 
-def ms(f, arg) -> float:
+def ms(f, *args) -> float:
     t0 = time.perf_counter()
-    f(arg)
+    f(*args)
     return (time.perf_counter() - t0) * 1e3
 
 
@@ -69,6 +71,7 @@ def main() -> int:
     ap.add_argument("--frames", type=int, default=16)
     ap.add_argument("--out", default="bench/out")
     args = ap.parse_args()
+    tune_malloc()  # as in every wdsr worker: freed decode buffers are reused, not faulted in again
     url = shards(Path(args.out), 128)["png"]
     print(f"{args.frames} frames of {url}, 3840 x 2160 RGB, x4; ms per member (median), one process\n")
     print("| member | libspng | wdsr: libdeflate + libspng | speed-up | inflate: zlib | inflate: libdeflate | speed-up |")
@@ -81,9 +84,9 @@ def main() -> int:
                 if rep == 0:
                     assert np.array_equal(codecs.decode(data, name), pyspng.load(data))
                 spng.append(ms(pyspng.load, data))
-                ours.append(ms(lambda d: codecs.decode(d, name), data))
-                zin.append(ms(lambda s: zlib.decompress(s, bufsize=n), stream))
-                din.append(ms(lambda s: deflate.zlib_decompress(s, n), stream))
+                ours.append(ms(codecs.decode, data, name))
+                zin.append(ms(zlib.decompress, stream, zlib.MAX_WBITS, n))
+                din.append(ms(deflate.zlib_decompress, stream, n))
         a, b, c, d = (statistics.median(x) for x in (spng, ours, zin, din))
         print(f"| {name} | {a:.1f} | {b:.1f} | **{a / b:.2f}x** | {c:.1f} | {d:.1f} | {c / d:.2f}x |")
     return 0

@@ -127,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
         "--codec",
         choices=[c.value for c in Codec],
         default=Codec.PNG.value,
-        help="png (default): 8/16-bit, grey/RGB; qoi: 8-bit RGB only, 2.4-2.8x faster to decode, ~25%% larger",
+        help="png (default): 8/16-bit, grey/RGB; qoi: 8-bit RGB only, ~1.8x faster to decode, ~25%% larger",
     )
     b.add_argument(
         "--png-level",
