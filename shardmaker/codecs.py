@@ -132,7 +132,8 @@ def _inflated_png(data: bytes | memoryview) -> bytes | None:
 
 
 def _decode_png(data: bytes | memoryview) -> np.ndarray:
-    """PNG bytes -> array with the channels the file declares (alpha kept)."""
+    """PNG bytes -> array with the channels the file declares (alpha kept): libdeflate inflates and
+    libspng unfilters where ``_inflated_png`` applies (our shards' PNGs do), libspng alone otherwise."""
     head = png_header(bytes(data[:29]))
     if head is None:
         raise ImageDataError("not a PNG file")
