@@ -8,6 +8,10 @@ from typing import Any
 from shardmaker import _compat
 
 
+class ImageDataError(ValueError):
+    """Bytes that are not a usable image; the caller adds the file or member name."""
+
+
 class ShardmakerError(Exception):
     """Base class; the CLI turns it into a one-line message and exit status 2."""
 

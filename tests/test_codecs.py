@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from shardmaker import codecs
+from shardmaker import codecs, png
 from shardmaker.codecs import Codec, ImageDataError
 from tests.conftest import photos
 
@@ -134,11 +134,11 @@ def _png_variants() -> dict[str, bytes]:
 @pytest.mark.parametrize("name", list(_png_variants()))
 def test_png_inflated_by_libdeflate_decodes_to_the_same_pixels(name):
     """The rebuilt PNG (image data inflated by libdeflate, stored uncompressed) is a valid PNG
-    that libspng and Pillow (which checks every CRC) read to exactly the original's pixels."""
+    that libspng and Pillow read to exactly the original's pixels; its CRCs are checked here."""
     import pyspng
 
     data = _png_variants()[name]
-    fast = codecs._inflated_png(data)
+    fast = png.inflated(data)
     assert fast is not None  # every one of these takes the fast path
     if name == "pillow rgb8, many IDAT":
         assert data.count(b"IDAT") > 3 and fast.count(b"IDAT") == 1
@@ -148,7 +148,7 @@ def test_png_inflated_by_libdeflate_decodes_to_the_same_pixels(name):
     assert np.array_equal(np.asarray(Image.open(io.BytesIO(fast))), np.asarray(Image.open(io.BytesIO(data))))
     w, h, depth, ctype = struct.unpack(">IIBB", data[16:26])
     assert len(fast) > h * w * {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[ctype] * depth // 8  # the rows stored, not compressed
-    assert np.array_equal(codecs._decode_png(memoryview(data)), codecs._decode_png(data))
+    assert np.array_equal(png.decode(memoryview(data)), png.decode(data))
     pos = 8
     while pos < len(fast):  # every chunk's CRC, checked here (libspng and Pillow skip some)
         length, tag = struct.unpack(">I4s", fast[pos : pos + 8])
@@ -161,23 +161,23 @@ def test_png_outside_the_fast_path_still_decodes_or_fails_clearly():
     data = codecs.encode(photos()[1][:64, :64], Codec.PNG)
     i = data.index(b"IDAT") + 40
     corrupt = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1 :]
-    assert codecs._inflated_png(corrupt) is None  # libdeflate refuses the stream or its Adler-32
+    assert png.inflated(corrupt) is None  # libdeflate refuses the stream or its Adler-32
     with pytest.raises(ImageDataError, match="corrupt or truncated PNG"):
         codecs.decode(corrupt, "png")
-    assert codecs._inflated_png(data[: len(data) - 30]) is None  # truncated inside IDAT
+    assert png.inflated(data[: len(data) - 30]) is None  # truncated inside IDAT
     interlaced = data[:28] + b"\x01" + data[29:]
-    assert codecs._inflated_png(interlaced) is None
+    assert png.inflated(interlaced) is None
     after = data[:-12] + _chunk(b"tEXt", b"Comment\0after the image data") + data[-12:]  # IDAT, tEXt, IEND
     assert np.array_equal(codecs.decode(after, "png"), codecs.decode(data, "png"))
-    assert codecs._inflated_png(after) is not None
+    assert png.inflated(after) is not None
     i = data.index(b"IDAT") - 4
     (n,) = struct.unpack(">I", data[i : i + 4])
     idat = data[i + 8 : i + 8 + n]
     broken = data[:i] + _chunk(b"IDAT", idat[:100]) + _chunk(b"tEXt", b"a\0b") + _chunk(b"IDAT", idat[100:]) + data[-12:]
-    assert codecs._inflated_png(broken) is None  # IDAT chunks not in one run
+    assert png.inflated(broken) is None  # IDAT chunks not in one run
     w, h = struct.unpack(">II", data[16:24])
     taller = data[:8] + _chunk(b"IHDR", struct.pack(">II", w, h + 1) + data[24:29]) + data[33:]
-    assert codecs._inflated_png(taller) is None  # the stream ends a row early
+    assert png.inflated(taller) is None  # the stream ends a row early
     with pytest.raises(ImageDataError, match="corrupt or truncated PNG"):
         codecs.decode(taller, "png")
 
@@ -194,25 +194,25 @@ def test_fuzzed_png_bytes_decode_as_libspng_does_or_fail_clearly(data):
     (wdsr may read a few files libspng refuses, e.g. a wrong IDAT CRC: every CRC is written anew.)"""
     import pyspng
 
-    png = bytearray(_png_variants()[data.draw(st.sampled_from(["ours rgb8", "ours grey16 level 9", "pillow palette"]))])
+    buf = bytearray(_png_variants()[data.draw(st.sampled_from(["ours rgb8", "ours grey16 level 9", "pillow palette"]))])
     for _ in range(data.draw(st.integers(1, 3))):
-        at = data.draw(st.integers(0, len(png) - 1))
+        at = data.draw(st.integers(0, len(buf) - 1))
         how = data.draw(st.sampled_from(["flip", "cut", "insert"]))
         if how == "flip":
-            png[at] ^= data.draw(st.integers(1, 255))
+            buf[at] ^= data.draw(st.integers(1, 255))
         elif how == "cut":
-            del png[at : at + data.draw(st.integers(1, 64))]
+            del buf[at : at + data.draw(st.integers(1, 64))]
         else:
-            png[at:at] = data.draw(st.binary(min_size=1, max_size=16))
-    blob = bytes(png)
+            buf[at:at] = data.draw(st.binary(min_size=1, max_size=16))
+    blob = bytes(buf)
     try:
         reference = pyspng.load(blob)
     except Exception:
         reference = None
     try:
-        ours = codecs._decode_png(blob)
+        ours = png.decode(blob)
     except ImageDataError:
-        assert reference is None or codecs._inflated_png(blob) is None
+        assert reference is None or png.inflated(blob) is None
         return
     if reference is not None:
         assert np.array_equal(ours, reference[..., : ours.shape[2]] if ours.ndim == 3 else reference[..., 0] if reference.ndim == 3 else reference)
