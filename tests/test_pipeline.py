@@ -309,3 +309,23 @@ def test_two_loaders_on_one_dataset_keep_their_own_slots(photo_shards):
     ds.set_epoch(0)
     assert [digest(lr) for lr, _ in first] == a  # persistent workers of the first loader, its own slots
     assert len(b) == len(second) == 5 and len(a) == len(first) == 4  # each loader's own len()
+
+
+def test_default_prefetch_holds_one_images_patches(photo_shards):
+    """Each worker may run as far ahead as one image's patches (a decode's burst) plus two batches:
+    at least 4, at most 16, and at most 64 MiB of handoff slots; explicit values are kept."""
+    def loader(k: int, batch: int = 16, patch: int = 32, split: str = "train", **kw) -> wdsr.SRLoader:
+        ds = wdsr.SRDataset(str(photo_shards), scale=2, patch_size=patch, patches_per_image=k, batch_size=batch, split=split)
+        return wdsr.make_loader(ds, num_workers=2, **kw)
+
+    for k, want in ((120, 10), (16, 4), (40, 5), (1000, 16)):
+        got = loader(k)
+        assert got.prefetch_factor == want, k
+        assert got._pool is not None and got._pool.slots == want + 3  # the slots follow it
+    # 16 x 3 x (192^2 + 384^2) bytes = 8.8 MB a batch: 7 of them fit in 64 MiB
+    assert loader(200, patch=384).prefetch_factor == 7
+    assert loader(640, batch=64, patch=384).prefetch_factor == 4  # never under the minimum
+    assert loader(120, split="val").prefetch_factor == 4
+    assert loader(120, prefetch_factor=2).prefetch_factor == 2
+    with pytest.raises(ValueError, match="prefetch_factor must be >= 1"):
+        loader(120, prefetch_factor=0)

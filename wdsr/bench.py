@@ -71,6 +71,7 @@ def bench_stream(
     shuffle_buffer: int = 256,
     storage_options: dict[str, Any] | None = None,
     name: str = "wdsr",
+    prefetch_factor: int | None = None,
     **read: Any,
 ) -> BenchResult:
     """Stream ``url`` for ``seconds`` after a warm-up; ``read`` goes to SRDataset (read_ahead, cache_dir, ...)."""
@@ -89,7 +90,7 @@ def bench_stream(
         storage_options=storage_options,
         **read,
     )
-    loader = make_loader(ds, num_workers=workers, pin_memory=False)
+    loader = make_loader(ds, num_workers=workers, pin_memory=False, prefetch_factor=prefetch_factor)
     first_batch_s = float("nan")
     # Warm up past the shuffle-buffer fill: until then workers decode without emitting, and
     # their buffered patches would arrive "for free" inside the measured window.
