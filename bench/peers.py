@@ -15,7 +15,13 @@ The 128 4K frames of ``stream_bench.py`` (x4, HR patch 192, batch 16, 2 DataLoad
 * **wdsr**: PNG and QOI at k=16 and at k=120 (the patches per frame per epoch that BasicSR's
   sub-images give), and PNG with the node-wide decoded cache warm (k=16 and k=120).
 
-Ratios are against BasicSR's recipe as it ships (float32 patches).
+Ratios are against BasicSR's recipe as it ships (float32 patches). Every loader's DataLoader workers
+run with the malloc settings wdsr's workers set (``wdsr.loader.tune_malloc``: large freed blocks stay
+in the heap). Without them a worker's glibc starts from its defaults, or from whatever state it
+inherits from the bench process: BasicSR's recipe ran 1.45x faster in workers forked after the
+bench had read its LMDB in 64 MiB ``read()`` calls (which left glibc's mmap threshold raised) than
+after ``cat`` had read it; the row "BasicSR recipe, float32, glibc defaults" shows the defaults. The
+page-cache warm-up reads into one reused buffer, so it leaves the bench process's malloc as it was.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from stream_bench import shards  # noqa: E402
 from shardmaker.format import manifest as mf  # noqa: E402
 from shardmaker.format import tario  # noqa: E402
 from wdsr.bench import BenchResult, bench_stream, fill_decoded_cache, table  # noqa: E402
+from wdsr.loader import tune_malloc  # noqa: E402
 
 BATCH, PATCH, SCALE, WORKERS = 16, 192, 4, 2
 
@@ -152,6 +159,10 @@ def bench_loader(name: str, loader_fn, seconds: float, warm_batches: int = 8) ->
                 return BenchResult(name, (n - warm_batches) * BATCH / dt, nan, nan, nan, nan, nan, nan, nan, nan, dt, n - warm_batches)
 
 
+def _tuned(_worker_id: int) -> None:
+    tune_malloc()  # what every wdsr worker does first (wdsr.loader._worker_init)
+
+
 # ---- plain WebDataset -------------------------------------------------------------------------
 def wds_patches(k: int):
     def cut(src):
@@ -184,22 +195,31 @@ def main() -> int:
     lmdb_dir = work / "basicsr-lmdb"
     _, _, build_s, lmdb_bytes = build_lmdb(ours["png"], lmdb_dir)
     os.sync()
+    buf = bytearray(64 << 20)  # one buffer: no freed blocks that move the malloc thresholds forked workers inherit
     for f in [*lmdb_dir.rglob("*.mdb"), *Path(ours["png"]).glob("*.tar"), *Path(ours["qoi"]).glob("*.tar")]:
-        with open(f, "rb") as fh:  # every loader reads from the page cache, none from the disk
-            while fh.read(64 << 20):
+        with open(f, "rb", buffering=0) as fh:  # every loader reads from the page cache, none from the disk
+            while fh.readinto(buf):
                 pass
+    del buf
     ours_bytes = {c: mf.load(u).bytes for c, u in ours.items()}
     res: list[BenchResult] = []
 
-    for f32, name in ((True, "BasicSR recipe (LMDB sub-images, float32)"), (False, "BasicSR recipe, uint8 (no float conversion)")):
+    basicsr = (
+        (True, "BasicSR recipe (LMDB sub-images, float32)", _tuned),
+        (False, "BasicSR recipe, uint8 (no float conversion)", _tuned),
+        (True, "BasicSR recipe, float32, glibc defaults", None),
+    )
+    for f32, name, init in basicsr:
         ds = PairedLmdb(lmdb_dir, float32=f32)
-        res.append(bench_loader(name, lambda ds=ds: torch.utils.data.DataLoader(
-            ds, batch_size=BATCH, shuffle=True, num_workers=WORKERS, persistent_workers=False, drop_last=True), args.seconds))
+        res.append(bench_loader(name, lambda ds=ds, init=init: torch.utils.data.DataLoader(
+            ds, batch_size=BATCH, shuffle=True, num_workers=WORKERS, persistent_workers=False, drop_last=True,
+            worker_init_fn=init), args.seconds))
 
     urls = sorted(str(p) for p in Path(ours["png"]).glob("shard-*.tar"))
     pipe = lambda: torch.utils.data.DataLoader(  # noqa: E731
         wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node, workersplitter=wds.split_by_worker)
-        .decode("rgb8").compose(wds_patches(16)).shuffle(1024).batched(BATCH), batch_size=None, num_workers=WORKERS)
+        .decode("rgb8").compose(wds_patches(16)).shuffle(1024).batched(BATCH), batch_size=None, num_workers=WORKERS,
+        worker_init_fn=_tuned)
     res.append(bench_loader("plain WebDataset (decode rgb8, k=16, shuffle 1024)", pipe, args.seconds))
 
     kw = dict(workers=WORKERS, batch_size=BATCH, patch_size=PATCH, scale=SCALE, seconds=args.seconds)
@@ -227,6 +247,10 @@ def main() -> int:
               f"from decoded frames (the sub-image pass that precedes it not counted)",
               f"- decoded cache: {n} pairs, {cache_bytes / 1e9:.2f} GB on tmpfs, filled in {fill_s:.1f} s (one decode per frame)",
               f"- decoded cache warm / wdsr PNG k=16 uncached: **{by['wdsr PNG k=16, decoded cache warm'].patches_per_s / by['wdsr PNG k=16'].patches_per_s:.1f}x**",
+              f"- against BasicSR's recipe with glibc's defaults in its workers "
+              f"({by['BasicSR recipe, float32, glibc defaults'].patches_per_s:.1f} patches/s): "
+              + ", ".join(f"{r.name} **{r.patches_per_s / by['BasicSR recipe, float32, glibc defaults'].patches_per_s:.2f}x**"
+                          for r in res if r.name.startswith("wdsr") and "k=120" in r.name and "cache" not in r.name),
               "", "Full wdsr rows:", "", table([r for r in res if r.name.startswith("wdsr")], 16)]
     text = "\n".join(lines)
     print(text)
