@@ -363,8 +363,9 @@ def default_prefetch(ds: SRDataset, batch_bytes: int | None = None) -> int:
     A worker emits an image's patches in one burst after its decode, and the trainer takes batches
     from the workers in turn (so that they come in the same order every run): while one worker
     decodes, the others can run only this far ahead, then wait. At k=120, batch 16, 2 workers, 4 in
-    flight left 1.5-4.5% of the CPU idle; this default (10) leaves ~1% and gives 1.00-1.07x the
-    patches/s (mean 1.03x QOI, 1.04x PNG; ``bench/prefetch_bench.py``)."""
+    flight left 1.4-9.4% of the CPU idle; this default (10) leaves ~1% and gave 1.00-1.20x the
+    patches/s, ahead in all 16 rounds (means 1.03x QOI, 1.04-1.06x PNG over two runs of
+    ``bench/prefetch_bench.py``)."""
     o = ds.config
     if o.split is not Split.TRAIN:
         return PREFETCH_MIN
