@@ -18,7 +18,7 @@ The 128 4K frames of ``stream_bench.py`` (x4, HR patch 192, batch 16, 2 DataLoad
 Ratios are against BasicSR's recipe as it ships (float32 patches). Every loader's DataLoader workers
 run with the malloc settings wdsr's workers set (``wdsr.loader.tune_malloc``: large freed blocks stay
 in the heap). Without them a worker's glibc starts from its defaults, or from whatever state it
-inherits from the bench process: BasicSR's recipe ran 1.45x faster in workers forked after the
+inherits from the bench process: BasicSR's recipe ran 1.4x faster in workers forked after the
 bench had read its LMDB in 64 MiB ``read()`` calls (which left glibc's mmap threshold raised) than
 after ``cat`` had read it; the row "BasicSR recipe, float32, glibc defaults" shows the defaults. The
 page-cache warm-up reads into one reused buffer, so it leaves the bench process's malloc as it was.
