@@ -329,3 +329,34 @@ def test_default_prefetch_holds_one_images_patches(photo_shards):
     assert loader(120, prefetch_factor=2).prefetch_factor == 2
     with pytest.raises(ValueError, match="prefetch_factor must be >= 1"):
         loader(120, prefetch_factor=0)
+
+
+def test_memory_sampling_backs_off_when_reading_proc_is_slow(monkeypatch):
+    """A worker's private-memory sample walks every page it maps (tens of ms with a decoded cache
+    mapped): it takes at most ``max_share`` of the worker's time, however long one read takes."""
+    import time
+
+    from wdsr import stats as stats_mod
+
+    reads = []
+
+    def slow_private_kb() -> int:  # what smaps_rollup costs with gigabytes of pairs mapped
+        time.sleep(0.05)
+        reads.append(1)
+        return 1234
+
+    monkeypatch.setattr(stats_mod, "private_kb", slow_private_kb)
+    st = stats_mod.SharedStats(slots=2)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 0.5:
+        st.mark_rss(0, every_s=0.01, max_share=0.05)  # a 50 ms read: the next one >= 1 s later
+    assert len(reads) == 1
+    assert st.totals()["peak_private_kb_per_worker"] == 1234
+    assert st.totals()["peak_rss_kb_per_worker"] > 0
+    fast = stats_mod.SharedStats(slots=2)
+    monkeypatch.setattr(stats_mod, "private_kb", lambda: reads.append(1) or 99)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 0.2:
+        fast.mark_rss(1, every_s=0.05)
+    assert 3 <= len(reads) - 1 <= 6  # a cheap read: every every_s
+    assert fast.totals()["peak_private_kb_per_worker"] == 99
