@@ -67,10 +67,20 @@ def _flip_code(rows: bool, cols: bool) -> int | None:
     return -1 if rows and cols else 0 if rows else 1 if cols else None
 
 
-# with cv2: an H x W [x C] crop is cut with every reversal of its transform done (cv2.flip, the crop's
-# one copy); a planar source's per-plane flip code, over its own rows and columns
-_CUT_FLIPS = tuple(_flip_code(2 in f, 1 in f) if swap else _flip_code(1 in f, 2 in f) for swap, f in _PLAN)
+# With cv2, an H x W [x C] crop's reversals, over its own rows and columns. It is cut with its
+# rows reversed (cv2.flip code 0 copies whole rows) and, when ``t`` swaps H and W, transposed
+# there too (its columns reversed as the rows of the transpose: one cv2.rotate), so that it is
+# held in the batch's orientation; a transpose at the cut, where the crop's rows were just read,
+# costs less than one at batch time, when the shuffle buffer has let it go cold. Otherwise its
+# columns are reversed when it is written, plane by plane (OpenCV reverses one- and two-byte
+# columns with SIMD, three-byte pixels one by one: 2-3x slower). bench/patch_bench.py measures
+# each transform.
+_CUT_ROWS = tuple((2 in f) if swap else (1 in f) for swap, f in _PLAN)
+_CUT_COLS = tuple((1 in f) if swap else (2 in f) for swap, f in _PLAN)
+# a planar source's per-plane flip code, over its own rows and columns; under a swap it is done
+# after the transpose, in place in the batch row, where rows and columns trade places
 _PLANE_FLIPS = tuple(_flip_code(1 in f, 2 in f) for f in _PLANAR_FLIPS)
+_TRANSPOSED_FLIPS = tuple(None if c is None else {0: 1, 1: 0, -1: -1}[c] for c in _PLANE_FLIPS)
 
 
 def _cv2_source(source: np.ndarray) -> bool:
@@ -81,16 +91,20 @@ def _cv2_source(source: np.ndarray) -> bool:
 def patch_source(view: np.ndarray, t: int, planar: bool = False) -> np.ndarray:
     """What a patch keeps from its cut until it is written into its batch: a planar view as it
     is (it lies in the decoded cache's mapping, which outlives the patch), or the H x W [x C]
-    crop copied out of its decoded image: with cv2, with every reversal ``t`` makes already done
-    (one ``cv2.flip``); without, rows reversed when ``_hwc_reversals`` says so (a plain row copy)."""
+    crop copied out of its decoded image: with cv2, its rows reversed when ``t`` reverses them
+    and, when ``t`` swaps H and W, transposed (``_CUT_ROWS``, ``_CUT_COLS``); without, its rows
+    reversed when ``_hwc_reversals`` says so (a plain row copy)."""
     if not 0 <= t < N_DIHEDRAL:
         raise ValueError(f"dihedral transform index must be 0..7, got {t}")
     if planar:
         return view
     if _cv2_source(view):
-        code = _CUT_FLIPS[t]
-        out = np.ascontiguousarray(view) if code is None else _cv2.flip(view, code)
-        return out.reshape(view.shape)  # cv2 drops a last axis of 1
+        out = _cv2.flip(view, 0) if _CUT_ROWS[t] else None
+        if _PLAN[t][0]:
+            src = view if out is None else out
+            out = _cv2.rotate(src, _cv2.ROTATE_90_COUNTERCLOCKWISE) if _CUT_COLS[t] else _cv2.transpose(src)
+            return out.reshape((view.shape[1], view.shape[0]) + view.shape[2:])  # cv2 drops a last axis of 1
+        return (np.ascontiguousarray(view) if out is None else out).reshape(view.shape)
     return np.ascontiguousarray(view[::-1] if _HWC_REVERSALS[t][0] else view)
 
 
@@ -101,6 +115,8 @@ def chw_shape(source: np.ndarray, t: int, planar: bool = False) -> tuple[int, in
     else:
         h, w = source.shape[:2]
         c = source.shape[2] if source.ndim == 3 else 1
+        if _cv2_source(source):  # cut in the batch's orientation
+            return (c, h, w)
     return (c, w, h) if _PLAN[t][0] else (c, h, w)
 
 
@@ -109,9 +125,10 @@ def write_chw(source: np.ndarray, t: int, planar: bool, out: np.ndarray) -> None
     ``out`` (a batch slot's row): the values of ``to_chw(dihedral_view(view, t))``.
 
     With cv2 (OpenCV's SIMD kernels, 2-6x numpy's for these copies; ``bench/cv2_kernels.py``): an
-    H x W [x C] source, cut with its reversals done, is split into ``out``'s planes (transposed
-    first when ``t`` swaps H and W); a planar source is written plane by plane with one flip,
-    transpose or copy (a flip then a transpose when ``t`` does both).
+    H x W [x C] source, cut in the batch's orientation with its rows reversed, is split into
+    ``out``'s planes, and their columns reversed in place when ``t`` reverses them and does not
+    swap H and W; a planar source is written plane by plane with one flip, transpose or copy (a
+    transpose, then a flip in place in ``out``, when ``t`` does both).
 
     Without cv2: an H x W [x C] source is one numpy permuting copy, with the reversals
     ``_hwc_reversals`` leaves to it. A planar source is read from the decoded cache here: one copy
@@ -125,21 +142,28 @@ def write_chw(source: np.ndarray, t: int, planar: bool, out: np.ndarray) -> None
             for c in range(source.shape[0]):
                 plane, dst = source[c], out[c]
                 if swap:
-                    _cv2.transpose(plane if code is None else _cv2.flip(plane, code), dst)
+                    _cv2.transpose(plane, dst)
+                    if code is not None:
+                        _cv2.flip(dst, _TRANSPOSED_FLIPS[t], dst)
                 elif code is None:
                     np.copyto(dst, plane)
                 else:
                     _cv2.flip(plane, code, dst)
             return
-        if _cv2_source(source):  # its reversals were done at the cut
+        if _cv2_source(source):  # cut in the batch's orientation, its rows reversed
+            cols = _CUT_COLS[t] and not swap
             hw = source if source.ndim == 2 else source[:, :, 0] if source.shape[2] == 1 else None
             if hw is not None:
-                if swap:
-                    _cv2.transpose(hw, out[0])
+                if cols:
+                    _cv2.flip(hw, 1, out[0])
                 else:
                     np.copyto(out[0], hw)
-            else:
-                _cv2.split(_cv2.transpose(source) if swap else source, [out[c] for c in range(out.shape[0])])
+                return
+            planes = [out[c] for c in range(out.shape[0])]
+            _cv2.split(source, planes)
+            if cols:
+                for plane in planes:
+                    _cv2.flip(plane, 1, plane)
             return
     if planar:
         src_flips = _PLANAR_FLIPS[t]
