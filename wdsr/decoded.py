@@ -116,8 +116,8 @@ class DecodedCache:
     def path(self, key: str) -> Path:
         return self.folder / _name(key, self.scale)
 
-    def has(self, key: str) -> bool:
-        return self.path(key).exists()
+    def has(self, key: str) -> bool:  # once per sample: a plain stat, without pathlib's objects
+        return os.path.exists(os.path.join(self.root, SUBDIR, self.identity, _name(key, self.scale)))
 
     def lookup(self, key: str) -> tuple[np.ndarray, np.ndarray] | None:
         """The cached (HR, LR) of ``key`` as arrays over a shared mapping (never written), or None.
