@@ -14,15 +14,22 @@ On the 128 4K frames of ``stream_bench.py`` (x4, HR patch 192, batch 16):
 3. **The handoff**: ``wdsr bench``'s ``ms/patch`` and patches/s from the decoded cache with 1 and
    2 workers, and the time the trainer process spends taking each batch out of its slot: lent
    (unpinned, as now) and, with 2 workers, copied out into new tensors (as before).
+
+``--against REV`` instead times part 1 for this tree's ``wdsr/augment.py`` and the one at git
+revision ``REV``, side by side: six rounds, alternating which goes first, medians per transform.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 import time
+from types import ModuleType
 from pathlib import Path
 
 import numpy as np
@@ -33,16 +40,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stream_bench import shards  # noqa: E402
 
-from wdsr import SRDataset, handoff, make_loader  # noqa: E402
-from wdsr.augment import N_DIHEDRAL, chw_shape, patch_source, write_chw  # noqa: E402
+from wdsr import SRDataset, augment, handoff, make_loader  # noqa: E402
+from wdsr.augment import N_DIHEDRAL  # noqa: E402
 from wdsr.bench import bench_stream, fill_decoded_cache  # noqa: E402
 from wdsr.loader import tune_malloc  # noqa: E402
 
 H, W, P = 2160, 3840, 192
 
 
-def per_transform(n: int = 4000) -> dict[str, list[float]]:
-    rng = np.random.default_rng(0)
+def per_transform(n: int = 4000, kernels: ModuleType = augment, seed: int = 0) -> dict[str, list[float]]:
+    patch_source, chw_shape, write_chw = kernels.patch_source, kernels.chw_shape, kernels.write_chw
+    rng = np.random.default_rng(seed)
     hwc = rng.integers(0, 256, (H, W, 3), dtype=np.uint8)
     path = Path("/dev/shm") / f"wdsr-patch-bench-{os.getpid()}"
     np.ascontiguousarray(hwc.transpose(2, 0, 1)).tofile(path)
@@ -122,15 +130,47 @@ def handoff_runs(url: str, cache: str, seconds: float) -> list[tuple[str, float,
         handoff.BatchPool.take = take  # type: ignore[method-assign]
 
 
+def against(rev: str, rounds: int = 6) -> list[str]:
+    """Part 1 for this tree's augment.py and the one at ``rev``, alternating, medians per transform."""
+    old_src = subprocess.run(["git", "show", f"{rev}:wdsr/augment.py"], check=True, capture_output=True, text=True).stdout
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(old_src)
+    try:
+        spec = importlib.util.spec_from_file_location("augment_at_rev", f.name)
+        assert spec is not None and spec.loader is not None
+        old = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(old)
+    finally:
+        os.unlink(f.name)
+    got: dict[tuple[str, str], list[list[float]]] = {}
+    for r in range(rounds):
+        pair = [("this tree", augment), (rev, old)]
+        for label, mod in pair if r % 2 == 0 else pair[::-1]:
+            for name, us in per_transform(kernels=mod, seed=r).items():
+                got.setdefault((name, label), []).append(us)
+    lines = [f"us per HR patch (uint8 RGB) by transform, median of {rounds} alternating rounds:", ""]
+    lines.append("| source | code | " + " | ".join(f"t={t}" for t in range(N_DIHEDRAL)) + " | mean | round means |")
+    lines.append("|---" * (N_DIHEDRAL + 4) + "|")
+    for (name, label), runs in got.items():
+        med = np.median(np.array(runs), axis=0)
+        rm = " / ".join(f"{np.mean(u):.1f}" for u in runs)
+        lines.append(f"| {name} | {label} | " + " | ".join(f"{u:.1f}" for u in med) + f" | **{med.mean():.1f}** | {rm} |")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--frames", type=int, default=128)
     ap.add_argument("--out", default="bench/out")
     ap.add_argument("--decoded-cache", default="/dev/shm/wdsr-patch-bench")
+    ap.add_argument("--against", metavar="REV", help="time the per-transform copies against wdsr/augment.py at git revision REV")
     args = ap.parse_args()
     torch.set_num_threads(1)
     tune_malloc()  # as in a DataLoader worker
+    if args.against:
+        print("\n".join(against(args.against)))
+        return 0
     ours = shards(Path(args.out), args.frames)
     lines = [f"{args.frames} 4K frames, x4, HR patch {P}, batch 16; us per HR patch (uint8 RGB) by transform:", ""]
     lines.append("| source | " + " | ".join(f"t={t}" for t in range(N_DIHEDRAL)) + " | mean |")
