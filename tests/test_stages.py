@@ -222,7 +222,7 @@ def test_world_comes_from_the_environment_it_is_given():
 
 @pytest.mark.parametrize("kernels", ["cv2", "numpy"])
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
-@pytest.mark.parametrize("channels", [3, 1, None])
+@pytest.mark.parametrize("channels", [3, 1, 4, None])  # 4: numpy's way even with cv2
 def test_patch_chw_is_the_numpy_reference_for_every_transform_and_layout(dtype, channels, kernels, monkeypatch):
     """The fast patch copy (torch flips/transposes, planar or H x W x C input) against the plain
     numpy definition: rot90 over (H, W), flip W, then C x H x W."""
