@@ -225,6 +225,54 @@ def test_cache_evicts_least_recently_used_under_its_limit(s3, s3_photo_shards, p
     assert ds.stats.totals()["cache_misses"] >= len(m.shards)  # an evicted shard may be fetched again
 
 
+def _make_cache_folder(base: str, rounds: int, barrier, q) -> None:
+    """One of several processes making fresh shard caches at the same instant, as a node's workers
+    and ranks do when they start: each makes the folder, then an entry of its own there."""
+    from wdsr.cache import ShardCache
+
+    refused = []
+    for r in range(rounds):
+        cache = ShardCache(os.path.join(base, f"round{r}"))
+        barrier.wait()
+        try:
+            cache._ensure()
+            (cache.root / f"{os.getpid()}-{r}.lock").touch()  # what a fill makes first
+        except ValueError as e:
+            refused.append(str(e))
+    q.put(refused)
+
+
+def test_a_fresh_cache_folder_made_by_many_processes_at_once_is_theirs(tmp_path):
+    """No process takes the entries another made a moment after it wrote the marker for a
+    stranger's files (4 processes x 150 fresh folders; before the folder lock, ~1% refused)."""
+    ctx = mp.get_context("spawn")
+    barrier, q = ctx.Barrier(4), ctx.Queue()
+    procs = [ctx.Process(target=_make_cache_folder, args=(str(tmp_path), 150, barrier, q)) for _ in range(4)]
+    try:
+        for p in procs:
+            p.start()
+        refused = [q.get(timeout=120) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert refused == [[], [], [], []]
+    assert all((tmp_path / f"round{r}" / "wdsr-shard-cache" / ".wdsr-shard-cache").is_file() for r in range(150))
+
+
+def test_a_folder_of_that_name_that_is_not_a_cache_is_refused_untouched(tmp_path):
+    from wdsr.cache import ShardCache
+
+    theirs = tmp_path / "wdsr-shard-cache"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="is not a wdsr shard cache"):
+        ShardCache(tmp_path)._ensure()
+    assert sorted(p.name for p in theirs.iterdir()) == ["notes.txt"] and (theirs / "notes.txt").read_text() == "mine"
+
+
 def _wait_for_lock_waiters(lock: Path, n: int, timeout: float = 60) -> None:
     """Until ``n`` processes are blocked on ``lock``'s flock (the kernel lists them in /proc/locks)."""
     deadline = time.monotonic() + timeout

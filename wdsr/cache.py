@@ -62,15 +62,26 @@ class ShardCache:
         self._too_big_logged = False
 
     def _ensure(self) -> None:
-        """Make our subfolder (with its marker); refuse one of that name that is not ours."""
+        """Make our subfolder (with its marker); refuse one of that name that is not ours.
+
+        Workers and ranks starting together on a fresh node all get here at once: the check and
+        the marker are made under a lock on the folder itself, so that no process takes another's
+        first entries (made once its marker was written) for a stranger's files."""
         if (self.root / _MARKER).is_file():
             return
         self.root.mkdir(parents=True, exist_ok=True)
-        if any(e.name != _MARKER for e in os.scandir(self.root)):
-            raise ValueError(
-                f"{self.root} exists and is not a wdsr shard cache (no {_MARKER}); choose another cache_dir or remove it"
-            )
-        (self.root / _MARKER).write_text("wdsr shard cache: files here are managed (and deleted) by wdsr\n")
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if (self.root / _MARKER).is_file():
+                return  # another process made it while this one waited
+            if any(e.name != _MARKER for e in os.scandir(self.root)):
+                raise ValueError(
+                    f"{self.root} exists and is not a wdsr shard cache (no {_MARKER}); choose another cache_dir or remove it"
+                )
+            (self.root / _MARKER).write_text("wdsr shard cache: files here are managed (and deleted) by wdsr\n")
+        finally:
+            os.close(fd)  # releases the lock
 
     def path(self, info: ShardInfo) -> Path:
         name = f"{info.sha256[:16]}-{info.name}"
