@@ -9,8 +9,10 @@ On the 128 4K frames of ``stream_bench.py`` (x4, HR patch 192, batch 16):
    batch row) and from a planar frame in a tmpfs file mapped private (the decoded cache: the write
    alone), us per HR patch, random positions, 16-row batches.
 2. **In one process** (``num_workers=0``, so nothing competes for the core): ``ms/patch`` of the
-   pipeline over 3 epochs, decoded QOI at k=120, and the PNG shards from the decoded cache (k=16,
-   the third epoch, when the mapped pages are in place).
+   pipeline, decoded QOI at k=16 and k=120 (one epoch), and the PNG shards from the decoded cache
+   (k=16, the third epoch, when the mapped pages are in place), split into the cut and the write;
+   then the time one read of ``/proc/self/smaps_rollup`` takes with the cache mapped (what a
+   worker's private-memory sample costs).
 3. **The handoff**: ``wdsr bench``'s ``ms/patch`` and patches/s from the decoded cache with 1 and
    2 workers, and the time the trainer process spends taking each batch out of its slot: lent
    (unpinned, as now) and, with 2 workers, copied out into new tensors (as before).
@@ -24,12 +26,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from types import ModuleType
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -40,10 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stream_bench import shards  # noqa: E402
 
-from wdsr import SRDataset, augment, handoff, make_loader  # noqa: E402
+from wdsr import SRDataset, augment, handoff, make_loader, stream  # noqa: E402
 from wdsr.augment import N_DIHEDRAL  # noqa: E402
 from wdsr.bench import bench_stream, fill_decoded_cache  # noqa: E402
 from wdsr.loader import tune_malloc  # noqa: E402
+from wdsr.stats import private_kb  # noqa: E402
 
 H, W, P = 2160, 3840, 192
 
@@ -82,22 +87,62 @@ def per_transform(n: int = 4000, kernels: ModuleType = augment, seed: int = 0) -
         path.unlink()
 
 
-def in_process(url: str, k: int, cache: str | None, epochs: int) -> tuple[float, float]:
+def in_process(url: str, k: int, cache: str | None, epochs: int) -> tuple[float, float, float, float, tuple[float, float]]:
+    """``ms/patch`` and patches/s of the last epoch, and its us per patch in the cut (``cut_patches``:
+    the crops copied out of a decoded frame, views of a cached one) and in the write into the
+    batch (``collate``), timed around those two calls of the stream; then ``smaps_cost()`` while
+    the dataset (and the pairs it keeps mapped) is still alive."""
     ds = SRDataset(url, scale=4, patch_size=P, patches_per_image=k, decoded_cache=cache)
     loader = make_loader(ds, num_workers=0)
+    spent = {"cut": 0, "cut_n": 0, "write": 0, "write_n": 0}
+    cut, collate = stream.cut_patches, stream.collate
+
+    def timed_cut(*a: Any, **kw: Any) -> Any:
+        t0 = time.perf_counter_ns()
+        got = cut(*a, **kw)
+        spent["cut"] += time.perf_counter_ns() - t0
+        spent["cut_n"] += len(got[0])
+        return got
+
+    def timed_collate(patches: Any, return_keys: bool = False) -> Any:
+        t0 = time.perf_counter_ns()
+        got = collate(patches, return_keys)
+        spent["write"] += time.perf_counter_ns() - t0
+        spent["write_n"] += len(patches)
+        return got
+
     ms = rate = float("nan")
-    for e in range(epochs):
-        loader.set_epoch(e)
-        before, t0, n = ds.stats.totals(), time.perf_counter(), 0
-        for _ in loader:
-            n += 1
-        after = ds.stats.totals()
-        ms = (after["patch_ns"] - before["patch_ns"]) / max(1, after["patches"] - before["patches"]) / 1e6
-        rate = n * 16 / (time.perf_counter() - t0)
-    return ms, rate
+    stream.cut_patches, stream.collate = timed_cut, timed_collate  # type: ignore[assignment]
+    try:
+        for e in range(epochs):
+            loader.set_epoch(e)
+            spent.update(cut=0, cut_n=0, write=0, write_n=0)
+            before, t0, n = ds.stats.totals(), time.perf_counter(), 0
+            for _ in loader:
+                n += 1
+            after = ds.stats.totals()
+            ms = (after["patch_ns"] - before["patch_ns"]) / max(1, after["patches"] - before["patches"]) / 1e6
+            rate = n * 16 / (time.perf_counter() - t0)
+    finally:
+        stream.cut_patches, stream.collate = cut, collate  # type: ignore[assignment]
+    smaps = smaps_cost()
+    del loader, ds
+    return ms, spent["cut"] / max(1, spent["cut_n"]) / 1e3, spent["write"] / max(1, spent["write_n"]) / 1e3, rate, smaps
 
 
-def handoff_runs(url: str, cache: str, seconds: float) -> list[tuple[str, float, float, float]]:
+def smaps_cost() -> tuple[float, float]:
+    """(GB of tmpfs pages this process maps, ms to read /proc/self/smaps_rollup: median of 3), the
+    read a worker's private-memory sample makes (``wdsr.stats.private_kb``)."""
+    shmem_kb = next(int(ln.split()[1]) for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith("RssShmem:"))
+    took = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        private_kb()
+        took.append((time.perf_counter() - t0) * 1e3)
+    return shmem_kb / 1e6, float(np.median(took))
+
+
+def handoff_runs(url: str, cache: str, seconds: float) -> list[tuple[str, float, float, float, float]]:
     """``wdsr bench`` from the cache with 1 and 2 workers, the trainer taking lent batches, and
     with 2 workers the trainer copying each batch out of its slot as it did before (a copy into
     new tensors, the slot freed at once), timing the trainer's take."""
@@ -123,8 +168,11 @@ def handoff_runs(url: str, cache: str, seconds: float) -> list[tuple[str, float,
         for name, workers, how in (("1 worker, lent", 1, lent), ("2 workers, lent", 2, lent), ("2 workers, copied out", 2, copied)):
             handoff.BatchPool.take = how  # type: ignore[method-assign]
             spent[:] = [0, 0]
+            u0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             r = bench_stream(url, workers=workers, patches_per_image=16, decoded_cache=cache, seconds=seconds)
-            rows.append((name, r.patches_per_s, r.patch_ms, spent[0] / max(1, spent[1]) / 1e6))
+            u1, w1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            cpu = (u1.ru_utime + u1.ru_stime - u0.ru_utime - u0.ru_stime) / (w1 - w0)
+            rows.append((name, r.patches_per_s, r.patch_ms, spent[0] / max(1, spent[1]) / 1e6, cpu))
         return rows
     finally:
         handoff.BatchPool.take = take  # type: ignore[method-assign]
@@ -181,15 +229,22 @@ def main() -> int:
     try:
         fill_decoded_cache(ours["png"], 4, args.decoded_cache, None, 2)
         lines += ["", "In one process (`num_workers=0`), HR + LR, cut and write into the batch:", ""]
-        lines += ["| run | ms/patch | patches/s |", "|---|---|---|"]
-        ms, rate = in_process(ours["qoi"], 120, None, 1)
-        lines.append(f"| decoded QOI, k=120 | **{ms:.3f}** | {rate:.0f} |")
-        ms, rate = in_process(ours["png"], 16, args.decoded_cache, 3)
-        lines.append(f"| decoded cache (PNG shards), k=16, 3rd epoch | **{ms:.3f}** | {rate:.0f} |")
+        lines += ["| run | ms/patch | of which: cut, us | write, us | patches/s |", "|---|---|---|---|---|"]
+        for name, url, k, cache, epochs in (
+            ("decoded QOI, k=16", ours["qoi"], 16, None, 1),
+            ("decoded QOI, k=120", ours["qoi"], 120, None, 1),
+            ("decoded cache (PNG shards), k=16, 3rd epoch", ours["png"], 16, args.decoded_cache, 3),
+        ):
+            ms, cut_us, write_us, rate, (gb, smaps_ms) = in_process(url, k, cache, epochs)
+            lines.append(f"| {name} | **{ms:.3f}** | {cut_us:.1f} | {write_us:.1f} | {rate:.0f} |")
+        lines += ["", f"Reading `/proc/self/smaps_rollup` in that process, {gb:.2f} GB of cached pairs mapped: {smaps_ms:.1f} ms"]
         lines += ["", f"`wdsr bench` from the decoded cache, k=16, {args.seconds:.0f} s:", ""]
-        lines += ["| run | patches/s | ms/patch | trainer's time to take a batch |", "|---|---|---|---|"]
-        for name, rate, ms, take_ms in handoff_runs(ours["png"], args.decoded_cache, args.seconds):
-            lines.append(f"| {name} | {rate:.0f} | **{ms:.3f}** | {take_ms:.3f} ms |")
+        lines += [
+            "| run | patches/s | ms/patch | trainer's time to take a batch | trainer process's CPU, share of a core (whole run) |",
+            "|---|---|---|---|---|",
+        ]
+        for name, rate, ms, take_ms, cpu in handoff_runs(ours["png"], args.decoded_cache, args.seconds):
+            lines.append(f"| {name} | {rate:.0f} | **{ms:.3f}** | {take_ms:.3f} ms | {cpu * 100:.0f}% |")
     finally:
         shutil.rmtree(args.decoded_cache, ignore_errors=True)
     text = "\n".join(lines)
