@@ -1,6 +1,6 @@
 """The per-patch path alone: what a patch costs once its pair is decoded (or mapped from the cache).
 
-    .venv/bin/python bench/patch_bench.py [--seconds 15] [--frames 128] [--out bench/out]
+    .venv/bin/python bench/patch_bench.py [--seconds 15] [--frames 128] [--out bench/out] [--against REV]
 
 On the 128 4K frames of ``stream_bench.py`` (x4, HR patch 192, batch 16):
 
@@ -15,7 +15,8 @@ On the 128 4K frames of ``stream_bench.py`` (x4, HR patch 192, batch 16):
    worker's private-memory sample costs).
 3. **The handoff**: ``wdsr bench``'s ``ms/patch`` and patches/s from the decoded cache with 1 and
    2 workers, and the time the trainer process spends taking each batch out of its slot: lent
-   (unpinned, as now) and, with 2 workers, copied out into new tensors (as before).
+   (unpinned, as now) and, with 2 workers, copied out into new tensors (as before); and the
+   trainer process's CPU time over each whole run, as a share of a core.
 
 ``--against REV`` instead times part 1 for this tree's ``wdsr/augment.py`` and the one at git
 revision ``REV``, side by side: six rounds, alternating which goes first, medians per transform.
