@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -360,3 +361,63 @@ def test_memory_sampling_backs_off_when_reading_proc_is_slow(monkeypatch):
         fast.mark_rss(1, every_s=0.05)
     assert 3 <= len(reads) - 1 <= 6  # a cheap read: every every_s
     assert fast.totals()["peak_private_kb_per_worker"] == 99
+
+
+_EXIT_SCRIPT = """
+import os, signal, sys, wdsr
+stops = []
+signal.signal(signal.SIGTERM, lambda *a: stops.append(1))  # as `wdsr train` does: checkpoint, then exit
+ds = wdsr.SRDataset(sys.argv[1], scale=2, patch_size=32, patches_per_image=4, batch_size=4, shuffle_buffer=8)
+loader = wdsr.make_loader(ds, num_workers=2)
+it = iter(loader)
+batch = next(it)
+for w in loader._iterator._workers:  # does the worker catch SIGTERM (torch's handler), or die at once?
+    mask = next(ln.split()[1] for ln in open(f"/proc/{w.pid}/status") if ln.startswith("SigCgt:"))
+    print("SIGTERM caught" if int(mask, 16) >> (signal.SIGTERM - 1) & 1 else "SIGTERM default", flush=True)
+if sys.argv[2] == "kill-worker":
+    print("workers", *[w.pid for w in loader._iterator._workers], flush=True)
+    sys.stdin.readline()  # the test has sent SIGTERM to a worker
+    try:
+        for batch in it:
+            pass
+        loader.set_epoch(1)
+        for batch in loader:
+            pass
+    except RuntimeError as e:
+        print("stopped:", e, flush=True)
+        sys.exit(3)
+    print("the loader ran on", flush=True)
+print("done", flush=True)  # and exit with persistent workers alive, a batch still lent
+"""
+
+
+def test_a_script_exits_cleanly_with_workers_alive_and_a_terminated_worker_dies(photo_shards):
+    """Exiting with persistent workers alive ends them without an error (multiprocessing terminates
+    them, torch's worker handler exits cleanly); a SIGTERM to a worker from anyone but its trainer
+    ends it, though the trainer has a SIGTERM handler of its own that the worker inherited."""
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT, str(photo_shards), "exit"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == 0 and done.stdout.strip().endswith("done"), done.stderr
+    assert done.stdout.count("SIGTERM caught") == 2, done.stdout  # by torch's worker handler, which exits cleanly
+    assert "killed by signal" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+    proc = subprocess.Popen([sys.executable, "-c", _EXIT_SCRIPT, str(photo_shards), "kill-worker"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        while (line := proc.stdout.readline().split()) and line[0] == "SIGTERM":
+            pass
+        assert line and line[0] == "workers", proc.stderr.read()
+        os.kill(int(line[1]), signal.SIGTERM)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 3 and "stopped: DataLoader worker" in out and line[1] in out, (out, err)  # that worker

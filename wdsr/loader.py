@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,9 +38,11 @@ def tune_malloc() -> bool:
 
 
 def _worker_init(_worker_id: int) -> None:
-    # a trainer's SIGTERM handler (checkpoint, then exit) must not keep a worker alive when the
-    # DataLoader terminates it: workers die on SIGTERM as usual
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # SIGTERM is left as torch set it in the worker, before this runs (a handler in C that replaces
+    # any the trainer installed, such as ``wdsr train``'s checkpoint-then-exit): from the trainer
+    # process (multiprocessing terminating its workers at exit) the worker exits cleanly; from
+    # anyone else it dies as by default. Setting SIG_DFL here made every script that exited with
+    # persistent workers alive print "DataLoader worker ... is killed by signal: Terminated".
     torch.set_num_threads(1)
     tune_malloc()
 
@@ -363,8 +364,8 @@ def default_prefetch(ds: SRDataset, batch_bytes: int | None = None) -> int:
     A worker emits an image's patches in one burst after its decode, and the trainer takes batches
     from the workers in turn (so that they come in the same order every run): while one worker
     decodes, the others can run only this far ahead, then wait. At k=120, batch 16, 2 workers, 4 in
-    flight left 1.4-9.4% of the CPU idle; this default (10) leaves ~1% and gave 1.00-1.20x the
-    patches/s, ahead in all 16 rounds (means 1.03x QOI, 1.04-1.06x PNG over two runs of
+    flight left 1.4-9.4% of the CPU idle; this default (10) leaves ~1% and gave 0.99-1.20x the
+    patches/s, ahead in 23 of 24 rounds (means 1.03x QOI, 1.04-1.06x PNG over three runs of
     ``bench/prefetch_bench.py``)."""
     o = ds.config
     if o.split is not Split.TRAIN:
