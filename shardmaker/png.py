@@ -14,8 +14,9 @@ import numpy as np
 import pyspng  # libspng: reads 16-bit PNG and is ~1.7x faster than Pillow on 4K images
 
 from shardmaker.errors import ImageDataError
+from shardmaker.format.headers import PNG_SIGNATURE
 
-SIGNATURE = b"\x89PNG\r\n\x1a\n"
+SIGNATURE = PNG_SIGNATURE  # one definition, with the other member headers
 # colour type -> channels (0 grey, 2 RGB, 3 palette, 4 grey+alpha, 6 RGBA)
 CHANNELS = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}
 
