@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(PY) -m shardmaker.demo --out demo-out
+	$(PY) -m wdsr.tools.demo --out demo-out
 
 test: $(VENV)/.installed lint
 	$(PY) -m pytest -q

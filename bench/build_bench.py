@@ -24,11 +24,11 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shardmaker import codecs  # noqa: E402
 from shardmaker.build import BuildConfig, build  # noqa: E402
-from shardmaker.codecs import Codec  # noqa: E402
-from shardmaker.resize import ResizeMethod, downscale  # noqa: E402
-from shardmaker.sample import SampleConfig  # noqa: E402
+from shardmaker.build.sample import SampleConfig  # noqa: E402
+from shardmaker.imaging import codecs  # noqa: E402
+from shardmaker.imaging.codecs import Codec  # noqa: E402
+from shardmaker.imaging.resize import ResizeMethod, downscale  # noqa: E402
 
 W, H, TILE = 3840, 2160, 480
 

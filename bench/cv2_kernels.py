@@ -4,7 +4,7 @@
 
 One HR patch, 192 x 192 x 3 uint8, hot in the cache, one thread: the C x H x W deinterleave of an
 H x W x C crop, the same with H and W swapped, and a 192 x 192 plane transposed: the measurement
-that made opencv-python-headless a dependency of wdsr (``wdsr.augment`` uses cv2 for these copies).
+that made opencv-python-headless a dependency of wdsr (``wdsr.pipeline.augment`` uses cv2 for these copies).
 """
 
 from __future__ import annotations

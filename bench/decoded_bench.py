@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stream_bench import shards  # noqa: E402
 
 from shardmaker.format import manifest as mf  # noqa: E402
-from wdsr.bench import fill_decoded_cache  # noqa: E402
-from wdsr.decoded import pair_bytes  # noqa: E402
+from wdsr.store.decoded import pair_bytes  # noqa: E402
+from wdsr.tools.bench import fill_decoded_cache  # noqa: E402
 
 RANK_SCRIPT = """
 import sys, time, wdsr

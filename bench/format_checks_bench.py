@@ -15,11 +15,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shardmaker import codecs  # noqa: E402
-from shardmaker.format import check_pair, image_header, manifest as mf  # noqa: E402
-from wdsr.decode import wanted_members  # noqa: E402
-from wdsr.plan import Span  # noqa: E402
-from wdsr.read import ShardReader  # noqa: E402
+from shardmaker.format import check_pair, image_header  # noqa: E402
+from shardmaker.format import manifest as mf
+from shardmaker.imaging import codecs  # noqa: E402
+from wdsr.pipeline.decode import wanted_members  # noqa: E402
+from wdsr.pipeline.plan import Span  # noqa: E402
+from wdsr.pipeline.read import ShardReader  # noqa: E402
 
 
 def best(fn, repeat: int = 5) -> float:

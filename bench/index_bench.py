@@ -28,7 +28,7 @@ from stream_bench import shards  # noqa: E402
 from shardmaker.format import manifest as mf  # noqa: E402
 from shardmaker.format import tario  # noqa: E402
 from shardmaker.index import IndexConfig, index  # noqa: E402
-from wdsr.bench import bench_stream, table  # noqa: E402
+from wdsr.tools.bench import bench_stream, table  # noqa: E402
 
 
 def foreign_copy(ours: str, out: Path) -> Path:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stream_bench import shards  # noqa: E402
 
-from shardmaker.codecs import _decode_pillow, decode  # noqa: E402
+from shardmaker.imaging.codecs import _decode_pillow, decode  # noqa: E402
 
 
 def main() -> int:

@@ -33,9 +33,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from types import ModuleType
 from typing import Any
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -45,11 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stream_bench import shards  # noqa: E402
 
-from wdsr import SRDataset, augment, handoff, make_loader, stream  # noqa: E402
-from wdsr.augment import N_DIHEDRAL  # noqa: E402
-from wdsr.bench import bench_stream, fill_decoded_cache  # noqa: E402
+from wdsr import SRDataset, make_loader  # noqa: E402
 from wdsr.loader import tune_malloc  # noqa: E402
-from wdsr.stats import private_kb  # noqa: E402
+from wdsr.pipeline import augment, handoff, stream
+from wdsr.pipeline.augment import N_DIHEDRAL  # noqa: E402
+from wdsr.pipeline.stats import private_kb  # noqa: E402
+from wdsr.tools.bench import bench_stream, fill_decoded_cache  # noqa: E402
 
 H, W, P = 2160, 3840, 192
 
@@ -133,7 +134,7 @@ def in_process(url: str, k: int, cache: str | None, epochs: int) -> tuple[float,
 
 def smaps_cost() -> tuple[float, float]:
     """(GB of tmpfs pages this process maps, ms to read /proc/self/smaps_rollup: median of 3), the
-    read a worker's private-memory sample makes (``wdsr.stats.private_kb``)."""
+    read a worker's private-memory sample makes (``wdsr.pipeline.stats.private_kb``)."""
     shmem_kb = next(int(ln.split()[1]) for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith("RssShmem:"))
     took = []
     for _ in range(3):

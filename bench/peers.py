@@ -47,8 +47,8 @@ from stream_bench import shards  # noqa: E402
 
 from shardmaker.format import manifest as mf  # noqa: E402
 from shardmaker.format import tario  # noqa: E402
-from wdsr.bench import BenchResult, bench_stream, fill_decoded_cache, table  # noqa: E402
 from wdsr.loader import tune_malloc  # noqa: E402
+from wdsr.tools.bench import BenchResult, bench_stream, fill_decoded_cache, table  # noqa: E402
 
 BATCH, PATCH, SCALE, WORKERS = 16, 192, 4, 2
 

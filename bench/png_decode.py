@@ -8,7 +8,7 @@ malloc tuned as in every wdsr worker (``wdsr.loader.tune_malloc``), each member 
 paths in turn (interleaved, so both see the same machine):
 
 * **libspng** (``pyspng.load`` on the member): zlib inflates, libspng unfilters;
-* **wdsr** (``shardmaker.codecs.decode``): libdeflate inflates the image data, which goes back to
+* **wdsr** (``shardmaker.imaging.codecs.decode``): libdeflate inflates the image data, which goes back to
   libspng in stored (uncompressed) deflate blocks, so libspng only unfilters it.
 
 Also the inflate alone, zlib against libdeflate, which is where the difference comes from. Both
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stream_bench import shards  # noqa: E402
 
-from shardmaker import codecs  # noqa: E402
+from shardmaker.imaging import codecs  # noqa: E402
 from wdsr.loader import tune_malloc  # noqa: E402
 
 

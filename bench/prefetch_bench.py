@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stream_bench import shards  # noqa: E402
 
 from wdsr import SRDataset  # noqa: E402
-from wdsr.bench import bench_stream  # noqa: E402
 from wdsr.loader import default_prefetch  # noqa: E402
+from wdsr.tools.bench import bench_stream  # noqa: E402
 
 K, BATCH = 120, 16
 

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.s3server import S3Server  # noqa: E402
-from wdsr.bench import bench_stream, table  # noqa: E402
+from wdsr.tools.bench import bench_stream, table  # noqa: E402
 
 
 def main() -> int:

@@ -22,7 +22,7 @@ import s3fs  # noqa: E402
 
 import wdsr  # noqa: E402
 from tests.s3server import S3Server  # noqa: E402
-from wdsr import remote  # noqa: E402
+from wdsr.store import remote  # noqa: E402
 
 SIZE = 20 << 20
 

@@ -31,7 +31,7 @@ def rss():
             return int(line.split()[1]) * 1024
 import numpy as np
 from shardmaker.format import manifest as mf
-from wdsr import plan
+from wdsr.pipeline import plan
 path, ranks, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 before = rss()
 t0 = time.perf_counter()

@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from build_bench import mosaic_4k, real_photos  # noqa: E402
 
 from shardmaker.build import BuildConfig, build  # noqa: E402
-from shardmaker.codecs import Codec  # noqa: E402
-from shardmaker.sample import SampleConfig  # noqa: E402
-from wdsr.bench import bench_naive, bench_stream, table  # noqa: E402
+from shardmaker.build.sample import SampleConfig  # noqa: E402
+from shardmaker.imaging.codecs import Codec  # noqa: E402
+from wdsr.tools.bench import bench_naive, bench_stream, table  # noqa: E402
 
 
 def shards(work: Path, frames: int) -> dict[str, str]:

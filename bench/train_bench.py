@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stream_bench import shards  # noqa: E402
 
-from wdsr.bench import bench_stream  # noqa: E402
+from wdsr.tools.bench import bench_stream  # noqa: E402
 
 RUNS = [  # model, codec, workers, steps, log window: EDSR-baseline takes seconds per step on 2 CPU cores
     ("espcn", "png", 1, 150, 30),

@@ -12,11 +12,11 @@ from typing import NoReturn
 
 from shardmaker import __version__
 from shardmaker.build import BuildConfig, build, merge_when_ready
-from shardmaker.codecs import Codec
+from shardmaker.build.sample import LrMethod, SampleConfig
 from shardmaker.errors import OnError, ShardmakerError
+from shardmaker.imaging.codecs import Codec
+from shardmaker.imaging.resize import ResizeMethod
 from shardmaker.index import IndexConfig, index
-from shardmaker.resize import ResizeMethod
-from shardmaker.sample import LrMethod, SampleConfig
 from shardmaker.verify import info_text, verify
 
 log = logging.getLogger("shardmaker")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from shardmaker import _compat
+from shardmaker import compat
 
 
 class ImageDataError(ValueError):
@@ -43,6 +43,6 @@ class _VerifyError(ShardmakerError):
     """Never raised: ``shardmaker.verify.verify`` returns its problems (the CLI exits 1 on any)."""
 
 
-__getattr__ = _compat.module_getattr(
+__getattr__ = compat.module_getattr(
     __name__, {"VerifyError": ("the problems list that shardmaker.verify.verify returns", _VerifyError)}
 )

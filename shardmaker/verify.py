@@ -12,11 +12,12 @@ import numpy as np
 import xxhash
 from tqdm import tqdm
 
-from shardmaker import codecs, storage
-from shardmaker.codecs import ImageDataError
+from shardmaker import storage
 from shardmaker.format import headers, tario
 from shardmaker.format import manifest as mf
 from shardmaker.format.manifest import Manifest, ShardInfo
+from shardmaker.imaging import codecs
+from shardmaker.imaging.codecs import ImageDataError
 
 
 def _expected_members(m: Manifest) -> list[str]:

@@ -14,9 +14,9 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import weakref
-import sys
 from pathlib import Path
 from typing import Any
 

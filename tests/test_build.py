@@ -11,9 +11,9 @@ import fsspec
 import numpy as np
 import pytest
 
-from shardmaker import codecs
 from shardmaker.format import tario
 from shardmaker.format.manifest import load as load_manifest
+from shardmaker.imaging import codecs
 from tests.conftest import load_rgb, needs_refdata, photos, save
 from tests.helpers import shard_hashes, sm
 

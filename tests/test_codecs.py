@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from shardmaker import codecs, png
-from shardmaker.codecs import Codec, ImageDataError
+from shardmaker.imaging import codecs, png
+from shardmaker.imaging.codecs import Codec, ImageDataError
 from tests.conftest import photos
 
 

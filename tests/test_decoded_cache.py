@@ -24,8 +24,8 @@ import wdsr
 from shardmaker.format import manifest as mf
 from tests.conftest import build_shards
 from tests.helpers import torchrun
-from wdsr import decoded
-from wdsr.cli import main as wdsr_main
+from wdsr.store import decoded
+from wdsr.tools.cli import main as wdsr_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,7 +105,7 @@ def test_concurrent_fills_give_one_complete_file(tmp_path):
 
 _SLOW_WRITER = textwrap.dedent("""
     import builtins, sys, time, numpy as np
-    from wdsr import decoded
+    from wdsr.store import decoded
 
     class Slow:  # a writer that stops for a long time after its first write (as a slow disk would)
         def __init__(self, f): self.f, self.n = f, 0

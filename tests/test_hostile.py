@@ -21,14 +21,13 @@ from hypothesis import strategies as st
 
 import wdsr
 from shardmaker.cli import main as sm_main
-from shardmaker.format import ManifestError, TarFormatError, iter_members, parse
+from shardmaker.format import ManifestError, TarFormatError, iter_members, parse, tario
 from shardmaker.format import manifest as mf
-from shardmaker.format import tario
 from shardmaker.verify import verify
 from tests.conftest import ROOT, build_shards, photos, save
 from tests.s3server import ACCESS_KEY, SECRET_KEY
-from wdsr.cli import main as wdsr_main
-from wdsr.read import _members
+from wdsr.pipeline.read import _members
+from wdsr.tools.cli import main as wdsr_main
 
 pytestmark = pytest.mark.timeout(120)  # every case must end, not hang
 
@@ -257,7 +256,7 @@ def test_a_png_bomb_is_refused_from_its_header_before_decoding(ds, manifest_agre
 
 
 def test_importing_wdsr_leaves_pillows_bomb_guard_alone():
-    code = "import PIL.Image as I; v = I.MAX_IMAGE_PIXELS; import wdsr, shardmaker.build, shardmaker.codecs; " \
+    code = "import PIL.Image as I; v = I.MAX_IMAGE_PIXELS; import wdsr, shardmaker.build, shardmaker.imaging.codecs; " \
            "assert I.MAX_IMAGE_PIXELS == v and v, I.MAX_IMAGE_PIXELS"
     assert subprocess.run([sys.executable, "-c", code], timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}).returncode == 0
 
@@ -452,7 +451,8 @@ def test_strict_resume_sees_a_content_change_that_keeps_size_and_mtime(tmp_path,
 
 
 def test_two_builds_into_one_folder_the_second_is_refused(tmp_path, capsys):
-    from shardmaker import outdir, storage
+    from shardmaker import storage
+    from shardmaker.build import outdir
 
     src = small_src(tmp_path / "src")
     out = tmp_path / "ds"

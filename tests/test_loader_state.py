@@ -15,7 +15,7 @@ import torch
 import wdsr
 from tests.helpers import rewrite
 from wdsr.env import World
-from wdsr.shuffle import fast_forward, shuffled
+from wdsr.pipeline.shuffle import fast_forward, shuffled
 
 
 def _digest(item: tuple) -> str:

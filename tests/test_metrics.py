@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import wdsr
-from shardmaker.resize import ResizeMethod, upscale
+from shardmaker.imaging.resize import ResizeMethod, upscale
 from tests.conftest import build_shards, needs_refdata, photos
 from wdsr.metrics import psnr_y, ssim_y, to_y
 

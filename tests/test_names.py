@@ -7,16 +7,15 @@ import dataclasses
 import pytest
 
 import shardmaker
-import wdsr
 from shardmaker import build as build_mod
-from shardmaker import sample as sample_mod
-from shardmaker._compat import WdsrDeprecationWarning
+from shardmaker.build import sample as sample_mod
+from shardmaker.build.sample import LrMethod, SampleConfig
+from shardmaker.compat import WdsrDeprecationWarning
 from shardmaker.errors import OnError
 from shardmaker.format.manifest import LR_METHODS
-from shardmaker.sample import LrMethod, SampleConfig
 from wdsr import dataset as dataset_mod
-from wdsr import patches as patches_mod
-from wdsr import read as read_mod
+from wdsr.pipeline import patches as patches_mod
+from wdsr.pipeline import read as read_mod
 
 
 @pytest.mark.parametrize(
@@ -64,7 +63,7 @@ def test_lr_method_is_an_enum_that_matches_the_format():
 
 
 def test_bench_stream_k_keyword_is_deprecated():
-    from wdsr.bench import bench_stream
+    from wdsr.tools.bench import bench_stream
 
     with pytest.warns(WdsrDeprecationWarning, match=r"bench_stream\(k=\.\.\.\)"), pytest.raises(Exception):  # noqa: B017
         bench_stream("/nonexistent/dataset", k=4, seconds=0.1)

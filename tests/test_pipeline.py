@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import wdsr
-from shardmaker.resize import ResizeMethod, downscale
+from shardmaker.imaging.resize import ResizeMethod, downscale
 from tests.helpers import rewrite
 from wdsr.env import World
 
@@ -337,7 +337,7 @@ def test_memory_sampling_backs_off_when_reading_proc_is_slow(monkeypatch):
     mapped): it takes at most ``max_share`` of the worker's time, however long one read takes."""
     import time
 
-    from wdsr import stats as stats_mod
+    from wdsr.pipeline import stats as stats_mod
 
     reads = []
 

@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from wdsr.plan import slice_length, train_plan, val_plan
+from wdsr.pipeline.plan import slice_length, train_plan, val_plan
 
 
 def positions(slices):

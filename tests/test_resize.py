@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardmaker.resize import ResizeMethod, contributions, downscale, upscale
+from shardmaker.imaging.resize import ResizeMethod, contributions, downscale, upscale
 from tests.conftest import load_rgb, needs_refdata, photos
 
 

@@ -9,6 +9,7 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import s3fs
 import torch
@@ -16,8 +17,6 @@ import torch
 import wdsr
 from shardmaker.cli import main as shardmaker_main
 from shardmaker.format.manifest import load
-import numpy as np
-
 from tests.conftest import S3_BUCKET, build_shards, photos, save
 from tests.faultproxy import FaultProxy
 from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
@@ -66,8 +65,8 @@ def test_build_writes_shards_and_manifest_to_s3_and_verify_reads_them(s3, s3_pho
 def test_large_shards_are_uploaded_in_parts(s3, tmp_path):
     """A shard bigger than the upload block goes up as a multipart upload (ETag "...-N")."""
     from shardmaker.build import BuildConfig, build
-    from shardmaker.codecs import Codec
-    from shardmaker.sample import SampleConfig
+    from shardmaker.build.sample import SampleConfig
+    from shardmaker.imaging.codecs import Codec
 
     for i, pic in enumerate(photos()):  # 4 x ~2.5 MB of QOI: one shard of > 5 MiB
         save(tmp_path / "src" / f"big{i}.png", np.ascontiguousarray(np.tile(pic, (2, 2, 1))[:1000, :1000]))
@@ -109,7 +108,7 @@ def test_resume_starts_at_the_byte_reached(s3, s3_photo_shards, proxy):
     info = load(s3_photo_shards).shards[0]
     fs = s3fs_for(proxy.endpoint)
     path = f"{S3_BUCKET}/photos/{info.name}"
-    rf = wdsr.remote.RemoteFile(fs, path, "s3://" + path, FAST)
+    rf = wdsr.store.remote.RemoteFile(fs, path, "s3://" + path, FAST)
     proxy.hold(50_000, times=2)  # silent for as long as it takes FAST (2 s timeout) to give up and resume
     data = rf.read(0, info.bytes)
     assert hashlib.sha256(data).hexdigest() == info.sha256
@@ -167,7 +166,7 @@ def test_killed_server_mid_epoch_is_a_clear_error_not_a_hang(tmp_path, photo_src
                 "client_kwargs": {"region_name": REGION}}
         url = "s3://dying/ds"
         from shardmaker.build import BuildConfig, build
-        from shardmaker.sample import SampleConfig
+        from shardmaker.build.sample import SampleConfig
 
         build(BuildConfig(hr_src=str(photo_src), out=url, progress=False, max_samples=2,
                            sample=SampleConfig(scales=(4,), storage_options=opts)))
@@ -195,7 +194,7 @@ def _fill(url: str, endpoint: str, cache: str, index: int, q) -> None:
 def _remote(ds: wdsr.SRDataset, info):
     ds.reader._open_fs()
     path = f"{ds.reader._root}/{info.name}"
-    return wdsr.remote.RemoteFile(ds.reader._fs, path, "s3://" + path, FAST)
+    return wdsr.store.remote.RemoteFile(ds.reader._fs, path, "s3://" + path, FAST)
 
 
 def test_cache_fills_once_then_serves_later_epochs_locally(s3, s3_photo_shards, photo_shards, proxy, tmp_path):
@@ -228,7 +227,7 @@ def test_cache_evicts_least_recently_used_under_its_limit(s3, s3_photo_shards, p
 def _make_cache_folder(base: str, rounds: int, barrier, q) -> None:
     """One of several processes making fresh shard caches at the same instant, as a node's workers
     and ranks do when they start: each makes the folder, then an entry of its own there."""
-    from wdsr.cache import ShardCache
+    from wdsr.store.cache import ShardCache
 
     refused = []
     for r in range(rounds):
@@ -263,7 +262,7 @@ def test_a_fresh_cache_folder_made_by_many_processes_at_once_is_theirs(tmp_path)
 
 
 def test_a_folder_of_that_name_that_is_not_a_cache_is_refused_untouched(tmp_path):
-    from wdsr.cache import ShardCache
+    from wdsr.store.cache import ShardCache
 
     theirs = tmp_path / "wdsr-shard-cache"
     theirs.mkdir()
@@ -354,8 +353,8 @@ def test_two_ranks_two_workers_stream_from_s3(s3, s3_photo_shards, tmp_path):
 def test_a_failed_build_leaves_no_torn_shard_and_no_open_upload(s3, tmp_path):
     """A corrupt source mid-shard: the multipart upload is aborted, never completed."""
     from shardmaker.build import BuildConfig, build
-    from shardmaker.codecs import Codec
-    from shardmaker.sample import SampleConfig
+    from shardmaker.build.sample import SampleConfig
+    from shardmaker.imaging.codecs import Codec
 
     for i in range(6):
         pic = photos()[i % 4]
@@ -375,7 +374,7 @@ def test_a_failed_build_leaves_no_torn_shard_and_no_open_upload(s3, tmp_path):
 
 
 def test_bench_compares_s3_with_local_and_shows_the_cache_hit_rate(s3_photo_shards, photo_shards, tmp_path, capsys):
-    from wdsr.cli import main as wdsr_main
+    from wdsr.tools.cli import main as wdsr_main
 
     out = tmp_path / "b.json"
     rc = wdsr_main(["bench", str(photo_shards), "--compare", s3_photo_shards, "--cache-dir", str(tmp_path / "c"),

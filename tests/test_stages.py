@@ -9,12 +9,12 @@ from hypothesis import strategies as st
 
 from tests.conftest import photos
 from wdsr import env
-from wdsr.augment import N_DIHEDRAL, dihedral_view, to_chw
-from wdsr.decode import DecodedPair
 from wdsr.errors import SampleError
-from wdsr.handoff import BatchPool, is_slot
-from wdsr.patches import Patch, PatchConfig, cut_patches
-from wdsr.shuffle import shuffled
+from wdsr.pipeline.augment import N_DIHEDRAL, dihedral_view, to_chw
+from wdsr.pipeline.decode import DecodedPair
+from wdsr.pipeline.handoff import BatchPool, is_slot
+from wdsr.pipeline.patches import Patch, PatchConfig, cut_patches
+from wdsr.pipeline.shuffle import shuffled
 
 
 # ---- shuffle ----------------------------------------------------------------------------------------
@@ -158,7 +158,7 @@ def test_batch_pool_round_trips_and_recycles_its_slots(dtype):
 @pytest.mark.parametrize("planar", [False, True])
 def test_a_run_of_patches_is_each_patch_cut_on_its_own(planar):
     """cut_patches' loop over a run is cut() patch by patch: the same crops and transforms."""
-    from wdsr.patches import cut, draw_base
+    from wdsr.pipeline.patches import cut, draw_base
 
     pair = _pair(4)
     if planar:
@@ -177,7 +177,7 @@ def test_patches_write_straight_into_a_slot_as_their_own_copies_and_a_mixed_batc
     """A batch slot holds exactly what each patch's ``lr``/``hr`` copy holds, for cut-from-decode
     (H x W x C) and decoded-cache (planar) pairs alike; a patch of another shape is refused with
     the slot freed again."""
-    from wdsr.stream import collate
+    from wdsr.pipeline.batch import collate
 
     rng = np.random.default_rng(5)
     hr = rng.integers(0, 255, (64, 96, 3), dtype=np.uint8)
@@ -226,8 +226,8 @@ def test_world_comes_from_the_environment_it_is_given():
 def test_patch_chw_is_the_numpy_reference_for_every_transform_and_layout(dtype, channels, kernels, monkeypatch):
     """The fast patch copy (torch flips/transposes, planar or H x W x C input) against the plain
     numpy definition: rot90 over (H, W), flip W, then C x H x W."""
-    from wdsr import augment
-    from wdsr.augment import patch_chw
+    from wdsr.pipeline import augment
+    from wdsr.pipeline.augment import patch_chw
 
     if kernels == "numpy":  # the path without OpenCV
         monkeypatch.setattr(augment, "_cv2", None)
@@ -251,7 +251,7 @@ def test_patch_chw_is_the_numpy_reference_for_every_transform_and_layout(dtype, 
 
 
 def test_patch_draws_are_uniform_independent_of_the_run_and_cover_every_transform():
-    from wdsr.patches import draw_base, draws
+    from wdsr.pipeline.patches import draw_base, draws
 
     base = draw_base(3, 1, "frames/a")
     js = np.arange(20000)

@@ -17,11 +17,11 @@ import torch
 
 from tests.helpers import descendants, kill_tree
 from tests.s3server import free_port
-from wdsr.checkpoint import RunDir
-from wdsr.cli import main
-from wdsr.models import build_model
-from wdsr.train import weights_digest
-from wdsr.trainconfig import make_config
+from wdsr.tools.cli import main
+from wdsr.train.checkpoint import RunDir
+from wdsr.train.config import make_config
+from wdsr.train.loop import weights_digest
+from wdsr.train.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--patch-size", "48", "-k", "4", "--batch-size", "4", "--workers", "1", "--shuffle-buffer", "16"]
@@ -180,7 +180,7 @@ def test_two_ranks_under_torchrun_end_with_identical_weights(photo_shards, tmp_p
 
 def test_a_second_sigterm_exits_at_once():
     """The first SIGTERM only asks for a stop after the step; a second one ends the process (143)."""
-    code = ("import os, signal, time\nfrom wdsr.train import StopFlag\nf = StopFlag(); f.install()\n"
+    code = ("import os, signal, time\nfrom wdsr.train.loop import StopFlag\nf = StopFlag(); f.install()\n"
             "os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.2)\nassert f.requested\n"
             "os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)\n")
     t0 = time.monotonic()

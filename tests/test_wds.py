@@ -16,7 +16,7 @@ from PIL import Image
 
 import wdsr
 import wdsr.wds as sr
-from shardmaker.resize import ResizeMethod, downscale
+from shardmaker.imaging.resize import ResizeMethod, downscale
 from tests.conftest import photos
 
 
@@ -90,7 +90,7 @@ def test_foreign_jpeg_shards_give_aligned_patches_and_name_a_bad_sample(tmp_path
 
 
 def test_decoders_by_extension_never_unpickle():
-    from shardmaker.codecs import ImageDataError, decode
+    from shardmaker.imaging.codecs import ImageDataError, decode
 
     img = photos()[1]
     for ext, fmt in (("jpg", "JPEG"), ("x4.jpeg", "JPEG"), ("webp", "WEBP"), ("lr.png", "PNG")):

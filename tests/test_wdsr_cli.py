@@ -6,7 +6,7 @@ import json
 import numpy as np
 from PIL import Image
 
-from wdsr.cli import main
+from wdsr.tools.cli import main
 
 
 def test_bench_prints_table_and_compares(photo_shards, tmp_path, capsys):

@@ -6,12 +6,13 @@ for lr, hr in loader: sr = model(wdsr.to_float(lr.cuda()))
 state = loader.state_dict(); loader.load_state_dict(state)   # exact mid-epoch resume
 """
 
+from shardmaker import compat
 from shardmaker.errors import OnError
 from wdsr.config import DatasetConfig, Split
 from wdsr.dataset import SRDataset, ValSample
 from wdsr.errors import SampleError
 from wdsr.loader import LoaderStateError, SRLoader, WorldChanged, make_loader, to_float
-from wdsr.remote import ReadFailed, Retry
+from wdsr.store.remote import ReadFailed, Retry
 from wdsr.tiles import stitch
 
 __all__ = [
@@ -31,3 +32,15 @@ __all__ = [
     "to_float",
 ]
 __version__ = "0.1.0"
+
+# module paths of the flat layout (before 0.2), served for one release with a warning
+compat.alias_modules(
+    {
+        **{f"wdsr.{m}": f"wdsr.pipeline.{m}" for m in ("plan", "read", "decode", "patches", "augment", "shuffle", "stream")},
+        **{f"wdsr.{m}": f"wdsr.pipeline.{m}" for m in ("handoff", "stats")},
+        **{f"wdsr.{m}": f"wdsr.store.{m}" for m in ("remote", "cache", "decoded", "urls")},
+        **{f"wdsr.{m}": f"wdsr.train.{m}" for m in ("checkpoint", "models", "validate")},
+        "wdsr.trainconfig": "wdsr.train.config",
+        **{f"wdsr.{m}": f"wdsr.tools.{m}" for m in ("cli", "bench", "preview", "demo")},
+    }
+)

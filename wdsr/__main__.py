@@ -1,5 +1,5 @@
 import sys
 
-from wdsr.cli import main
+from wdsr.tools.cli import main
 
 sys.exit(main())

@@ -8,10 +8,10 @@ from typing import Any
 
 from shardmaker.errors import OnError
 from shardmaker.format import headers
-from wdsr.decode import Verify
-from wdsr.patches import PatchConfig
-from wdsr.read import Fetch, ReadConfig
-from wdsr.remote import Retry
+from wdsr.pipeline.decode import Verify
+from wdsr.pipeline.patches import PatchConfig
+from wdsr.pipeline.read import Fetch, ReadConfig
+from wdsr.store.remote import Retry
 
 
 class Split(str, enum.Enum):
@@ -47,7 +47,7 @@ class DatasetConfig:
     fetch: Fetch = Fetch.RANGES
     cache_dir: str | None = None
     cache_limit: int | None = None
-    # node-wide decoded pairs (wdsr.decoded): e.g. /dev/shm/wdsr; the limit in bytes (None: all)
+    # node-wide decoded pairs (wdsr.store.decoded): e.g. /dev/shm/wdsr; the limit in bytes (None: all)
     decoded_cache: str | None = None
     decoded_cache_limit: int | None = None
 

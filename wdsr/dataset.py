@@ -1,4 +1,4 @@
-"""``SRDataset``: configuration + manifest + reader; the stream itself is in ``wdsr.stream``.
+"""``SRDataset``: configuration + manifest + reader; the stream itself is in ``wdsr.pipeline.stream``.
 
 The dataset holds what a run reads and how; it is never changed by a loader. Epoch, workers,
 the batches already handed out and the shared-memory slots belong to the loader
@@ -17,28 +17,22 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from shardmaker import _compat
+from shardmaker import compat
 from shardmaker.errors import OnError
 from shardmaker.format import manifest as mf
-from wdsr import env, urls
+from wdsr import env
 from wdsr.config import DatasetConfig, Split
-from wdsr.decode import DecodedPair, Verify
-from wdsr.decoded import DecodedCache
-from wdsr.handoff import BatchPool
-from wdsr.plan import Span, TrainPlan, mix_counts, mix_segments, slice_length, val_plan
-from wdsr.read import ShardReader
-from wdsr.stats import SharedStats
-from wdsr.stream import (
-    ChunkStream,
-    ElasticPlan,
-    ErrorPolicy,
-    MixSource,
-    Source,
-    TrainStream,
-    collate,
-    elastic_plan,
-    train_batches,
-)
+from wdsr.pipeline.batch import collate, train_batches
+from wdsr.pipeline.decode import DecodedPair, Verify
+from wdsr.pipeline.elastic import ChunkStream, ElasticPlan, elastic_plan
+from wdsr.pipeline.handoff import BatchPool
+from wdsr.pipeline.plan import Span, TrainPlan, mix_counts, mix_segments, slice_length, val_plan
+from wdsr.pipeline.read import ShardReader
+from wdsr.pipeline.source import ErrorPolicy, MixSource, Source
+from wdsr.pipeline.stats import SharedStats
+from wdsr.pipeline.stream import TrainStream
+from wdsr.store import urls
+from wdsr.store.decoded import DecodedCache
 from wdsr.tiles import tile_boxes
 
 __all__ = ["DatasetConfig", "OnError", "SRDataset", "Split", "ValSample", "collate"]
@@ -146,7 +140,7 @@ class SRDataset(IterableDataset):
 
     @property
     def opts(self) -> DatasetConfig:
-        _compat.warn("SRDataset.opts", "SRDataset.config")
+        compat.warn("SRDataset.opts", "SRDataset.config")
         return self.config
 
     # ---- epochs and sizes -------------------------------------------------------------------
@@ -157,7 +151,7 @@ class SRDataset(IterableDataset):
 
     @property
     def epoch(self) -> int:
-        _compat.warn("SRDataset.epoch", "SRLoader.epoch (the loader owns the epoch counter)")
+        compat.warn("SRDataset.epoch", "SRLoader.epoch (the loader owns the epoch counter)")
         return self._epoch_request[1]
 
     def _sizes(self) -> list[int]:
@@ -335,4 +329,4 @@ def _nchw(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a[:, None] if a.ndim == 3 else a.transpose(0, 3, 1, 2))
 
 
-__getattr__ = _compat.module_getattr(__name__, {"Options": ("wdsr.dataset.DatasetConfig", DatasetConfig)})
+__getattr__ = compat.module_getattr(__name__, {"Options": ("wdsr.dataset.DatasetConfig", DatasetConfig)})

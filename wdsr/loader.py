@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from wdsr import env
 from wdsr.dataset import Split, SRDataset
 from wdsr.errors import SampleError
-from wdsr.handoff import BatchPool, is_slot
+from wdsr.pipeline.handoff import BatchPool, is_slot
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 log = logging.getLogger("wdsr")
@@ -48,7 +48,7 @@ def _worker_init(_worker_id: int) -> None:
 
 
 STATE_FORMAT = "wdsr-loader/1"
-PATCH_DRAWS = "splitmix64/1"  # how patch positions are drawn (wdsr.patches.draws); states before it: numpy PCG64
+PATCH_DRAWS = "splitmix64/1"  # how patch positions are drawn (wdsr.pipeline.patches.draws); states before it: numpy PCG64
 _MATCH = (
     "scale",
     "patch_size",
@@ -380,7 +380,7 @@ def sample_meta(ds: SRDataset) -> dict[str, Any]:
     values (3 channels, 16 bit) if none of the first shards can be read here."""
     import json
 
-    from wdsr.plan import Span
+    from wdsr.pipeline.plan import Span
 
     for i in range(min(8, len(ds.manifest.shards))):
         try:

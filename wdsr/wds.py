@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from shardmaker.format import headers
-from wdsr.decode import DecodedPair, Verify, check_digests, decode_members
 from wdsr.errors import SampleError
-from wdsr.patches import Patch, PatchConfig, cut_patches
-from wdsr.stream import collate
+from wdsr.pipeline.batch import collate
+from wdsr.pipeline.decode import DecodedPair, Verify, check_digests, decode_members
+from wdsr.pipeline.patches import Patch, PatchConfig, cut_patches
 
 
 def _member(sample: dict[str, Any], want: str | None, prefix: str) -> str:

@@ -137,7 +137,7 @@ def _lend(busy: np.ndarray, index: int, arrays: tuple[np.ndarray, ...]) -> None:
 
 
 class Writable(Protocol):
-    """A patch that can write itself into a batch's rows (``wdsr.patches.Patch``)."""
+    """A patch that can write itself into a batch's rows (``wdsr.pipeline.patches.Patch``)."""
 
     @property
     def dtype(self) -> np.dtype: ...

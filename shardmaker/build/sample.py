@@ -13,13 +13,14 @@ import fsspec
 import numpy as np
 import xxhash
 
-from shardmaker import _compat, codecs
-from shardmaker.codecs import Codec, ImageDataError
+from shardmaker import compat
+from shardmaker.build.sources import Pair, Skipped
 from shardmaker.errors import InputError, OnError
 from shardmaker.format import tario
 from shardmaker.format.manifest import hr_member, lr_member, pair_fits
-from shardmaker.resize import ResizeMethod, downscale
-from shardmaker.sources import Pair, Skipped
+from shardmaker.imaging import codecs
+from shardmaker.imaging.codecs import Codec, ImageDataError
+from shardmaker.imaging.resize import ResizeMethod, downscale
 
 
 class LrMethod(str, enum.Enum):
@@ -158,4 +159,4 @@ def encode_or_skip(pair: Pair, cfg: SampleConfig, on_error: OnError) -> EncodedS
         return Skipped(exc.path, exc.reason)
 
 
-__getattr__ = _compat.module_getattr(__name__, {"PROVIDED": ("shardmaker.sample.LrMethod.PROVIDED", LrMethod.PROVIDED)})
+__getattr__ = compat.module_getattr(__name__, {"PROVIDED": ("shardmaker.build.sample.LrMethod.PROVIDED", LrMethod.PROVIDED)})

@@ -11,10 +11,10 @@ import hashlib
 
 import numpy as np
 
-from shardmaker import _compat
-from wdsr.augment import N_DIHEDRAL, chw_shape, patch_source, write_chw
-from wdsr.decode import DecodedPair
+from shardmaker import compat
 from wdsr.errors import SampleError
+from wdsr.pipeline.augment import N_DIHEDRAL, chw_shape, patch_source, write_chw
+from wdsr.pipeline.decode import DecodedPair
 
 
 class Patch:
@@ -177,4 +177,4 @@ def cut_patches(pair: DecodedPair, spec: PatchConfig, seed: int, epoch: int, fir
     return out, 0
 
 
-__getattr__ = _compat.module_getattr(__name__, {"PatchSpec": ("wdsr.patches.PatchConfig", PatchConfig)})
+__getattr__ = compat.module_getattr(__name__, {"PatchSpec": ("wdsr.pipeline.patches.PatchConfig", PatchConfig)})

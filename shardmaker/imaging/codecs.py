@@ -1,4 +1,4 @@
-"""Image codecs: read source images, encode/decode shard members (PNG in ``shardmaker.png``, QOI).
+"""Image codecs: read source images, encode/decode shard members (PNG in ``shardmaker.imaging.png``, QOI).
 
 Arrays are ``HxW`` (grey) or ``HxWx3`` (RGB), dtype uint8 or uint16. Decoding never runs
 anything but an image decoder: no pickles, no arbitrary objects.
@@ -14,10 +14,10 @@ import numpy as np
 import qoi
 from PIL import Image
 
-from shardmaker import png
 from shardmaker.errors import ImageDataError
-from shardmaker.png import SIGNATURE as PNG_SIGNATURE
-from shardmaker.png import header as png_header
+from shardmaker.imaging import png
+from shardmaker.imaging.png import SIGNATURE as PNG_SIGNATURE
+from shardmaker.imaging.png import header as png_header
 
 # Pillow's own bomb guard (Image.MAX_IMAGE_PIXELS) is left as the user set it: we never change it
 # for the process. Our limit (check_pixels, --max-pixels) is checked from the header first.

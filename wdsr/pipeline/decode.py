@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from shardmaker import codecs
-from shardmaker.codecs import ImageDataError
 from shardmaker.format import headers
 from shardmaker.format.manifest import JSON_MEMBER, Manifest, pair_fits
+from shardmaker.imaging import codecs
+from shardmaker.imaging.codecs import ImageDataError
 from wdsr.errors import SampleError
-from wdsr.read import RawSample
+from wdsr.pipeline.read import RawSample
 
 
 @dataclasses.dataclass

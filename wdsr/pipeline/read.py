@@ -22,15 +22,15 @@ from typing import Any
 
 import fsspec
 
-from shardmaker import _compat, storage
+from shardmaker import compat, storage
 from shardmaker.format import manifest as mf
 from shardmaker.format import tario
 from shardmaker.format.manifest import Manifest, ShardInfo
-from wdsr import remote
-from wdsr.cache import CacheMismatch, ShardCache
 from wdsr.errors import SampleError
-from wdsr.plan import Span
-from wdsr.remote import Retry
+from wdsr.pipeline.plan import Span
+from wdsr.store import remote
+from wdsr.store.cache import CacheMismatch, ShardCache
+from wdsr.store.remote import Retry
 
 _INHERITED: list[Any] = []
 _FILL_CHUNK = 32 << 20  # bytes per range read when filling the cache
@@ -76,7 +76,7 @@ class ShardReader:
     """Opens shards of one dataset; the filesystem is made lazily, in the worker that reads.
 
     Local shards are read in place. Remote ones (S3, GCS, ...) are read sample by sample with
-    range requests that retry and resume (:mod:`wdsr.remote`), or from the node-local cache.
+    range requests that retry and resume (:mod:`wdsr.store.remote`), or from the node-local cache.
     ``counts`` holds this process's retries and cache hits/misses until the dataset takes them.
     """
 
@@ -370,4 +370,4 @@ def _members(f: Any, length: int, shard: str, key: str, wanted: frozenset[str]) 
     return out
 
 
-__getattr__ = _compat.module_getattr(__name__, {"ReadOptions": ("wdsr.read.ReadConfig", ReadConfig)})
+__getattr__ = compat.module_getattr(__name__, {"ReadOptions": ("wdsr.pipeline.read.ReadConfig", ReadConfig)})

@@ -19,8 +19,9 @@ import fsspec
 from braceexpand import braceexpand
 from fsspec.core import url_to_fs
 
-from shardmaker import codecs, storage
+from shardmaker import storage
 from shardmaker.errors import InputError, OnError
+from shardmaker.imaging import codecs
 
 log = logging.getLogger(__name__)
 _XSUFFIX = re.compile(r"^(.*?)x(\d+)$")

@@ -1,18 +1,22 @@
-"""The streaming half of ``make demo``: batches from the demo shards, a contact sheet, a val pass."""
+"""``make demo``: shards from scikit-image's bundled photos (``python -m shardmaker.demo``), then
+batches streamed from them, a contact sheet of LR|HR patches and a bicubic val pass."""
 
 from __future__ import annotations
 
+import argparse
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from shardmaker.resize import ResizeMethod, upscale
+from shardmaker.imaging.resize import ResizeMethod, upscale
 from wdsr.dataset import SRDataset
 from wdsr.loader import make_loader
 from wdsr.metrics import psnr_y, ssim_y
-from wdsr.preview import contact_sheet, write_png
+from wdsr.tools.preview import contact_sheet, write_png
 
 
 def stream_demo(shards: str) -> int:
@@ -44,3 +48,17 @@ def stream_demo(shards: str) -> int:
         ssims.append(ssim_y(sr, item.hr, crop_border=4))
     print(f"   val split: {len(psnrs)} images; bicubic x4 baseline PSNR-Y {np.mean(psnrs):.2f} dB, SSIM-Y {np.mean(ssims):.4f}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m wdsr.tools.demo", description=__doc__)
+    p.add_argument("--out", default="demo-out", help="work folder (default: demo-out)")
+    args = p.parse_args(argv)
+    rc = subprocess.run([sys.executable, "-m", "shardmaker.demo", "--out", args.out], check=False).returncode
+    if rc:
+        return rc
+    return stream_demo(str(Path(args.out) / "shards"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

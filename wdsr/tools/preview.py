@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardmaker import codecs
-from shardmaker.codecs import Codec
+from shardmaker.imaging import codecs
+from shardmaker.imaging.codecs import Codec
 from wdsr.dataset import SRDataset
 
 

@@ -1,7 +1,7 @@
 """PNG: our writer (filter Average, deflate) and the reader (libdeflate inflates, libspng unfilters).
 
 Arrays are ``HxW`` (grey) or ``HxWxC``, uint8 or uint16. ``decode`` keeps the channels the file
-declares (alpha included); ``shardmaker.codecs`` decides what to do with them.
+declares (alpha included); ``shardmaker.imaging.codecs`` decides what to do with them.
 """
 
 from __future__ import annotations

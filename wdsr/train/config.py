@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from wdsr.models import ModelName
+from wdsr.train.models import ModelName
 
 
 class Amp(str, enum.Enum):
@@ -67,7 +67,7 @@ class TrainConfig:
     log_dir: str | None = None
     on_error: str = "fail"
     cache_dir: str | None = None
-    decoded_cache: str | None = None  # node-wide decoded pairs, e.g. /dev/shm/wdsr (wdsr.decoded)
+    decoded_cache: str | None = None  # node-wide decoded pairs, e.g. /dev/shm/wdsr (wdsr.store.decoded)
     decoded_cache_limit: float | None = None  # GB
     device: Device = Device.AUTO
 

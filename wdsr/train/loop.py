@@ -27,12 +27,12 @@ import torch.distributed as dist
 from torch import nn
 
 from wdsr import env
-from wdsr.checkpoint import FORMAT, RunDir, RunError
 from wdsr.dataset import SRDataset
 from wdsr.loader import LoaderStateError, SRLoader, make_loader, sample_meta, to_float
-from wdsr.models import build_model
-from wdsr.trainconfig import Amp, Device, Schedule, TrainConfig
-from wdsr.validate import validate
+from wdsr.train.checkpoint import FORMAT, RunDir, RunError
+from wdsr.train.config import Amp, Device, Schedule, TrainConfig
+from wdsr.train.models import build_model
+from wdsr.train.validate import validate
 
 log = logging.getLogger("wdsr")
 

@@ -18,13 +18,13 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from shardmaker import _compat
+from shardmaker import compat
 from shardmaker.format import manifest as mf
 from wdsr.dataset import SRDataset
-from wdsr.decode import Verify, decode_pair, wanted_members
 from wdsr.loader import _worker_init, make_loader
-from wdsr.plan import Span
-from wdsr.read import ShardReader
+from wdsr.pipeline.decode import Verify, decode_pair, wanted_members
+from wdsr.pipeline.plan import Span
+from wdsr.pipeline.read import ShardReader
 
 
 @dataclasses.dataclass
@@ -76,7 +76,7 @@ def bench_stream(
 ) -> BenchResult:
     """Stream ``url`` for ``seconds`` after a warm-up; ``read`` goes to SRDataset (read_ahead, cache_dir, ...)."""
     if "k" in read:
-        _compat.warn("bench_stream(k=...)", "bench_stream(patches_per_image=...)")
+        compat.warn("bench_stream(k=...)", "bench_stream(patches_per_image=...)")
         patches_per_image = read.pop("k")
     t_start = time.perf_counter()
     ds = SRDataset(

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from shardmaker.cli import OneLineParser, parse_args
-from wdsr.trainconfig import DEFAULT_STEPS
+from wdsr.train.config import DEFAULT_STEPS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -159,15 +159,15 @@ def _train_parser(sub: Any) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from wdsr.train import train
-    from wdsr.trainconfig import make_config
+    from wdsr.train.config import make_config
+    from wdsr.train.loop import train
 
     flags = {k: v for k, v in vars(args).items() if k != "cmd"}
     return train(make_config(flags))
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from wdsr.bench import bench_naive, bench_stream, table
+    from wdsr.tools.bench import bench_naive, bench_stream, table
 
     kw = dict(
         workers=args.workers, batch_size=args.batch_size, patch_size=args.patch_size, scale=args.scale, seconds=args.seconds
@@ -179,7 +179,7 @@ def _bench(args: argparse.Namespace) -> int:
         cache_limit=int(args.cache_limit * 1e9) if args.cache_limit else None,
     )
     if args.decoded_cache:
-        from wdsr.bench import fill_decoded_cache
+        from wdsr.tools.bench import fill_decoded_cache
 
         read["decoded_cache"] = args.decoded_cache
         read["decoded_cache_limit"] = int(args.decoded_cache_limit * 1e9) if args.decoded_cache_limit else None
@@ -212,7 +212,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _preview(args: argparse.Namespace) -> int:
     from wdsr.dataset import SRDataset
-    from wdsr.preview import contact_sheet, write_png
+    from wdsr.tools.preview import contact_sheet, write_png
 
     ds = SRDataset(
         args.url,
@@ -230,7 +230,7 @@ def _preview(args: argparse.Namespace) -> int:
 
 
 def _cache(args: argparse.Namespace) -> int:
-    from wdsr import decoded
+    from wdsr.store import decoded
 
     if args.action == "info":
         print(decoded.describe(args.dir))

@@ -1,0 +1,27 @@
+"""``shardmaker build`` and ``merge``: sources -> deterministic tar shards + manifest.
+
+``config`` (what is asked), ``sources`` (scan and pair), ``sample`` (one pair encoded), ``writer``
+(one shard), ``output`` and ``outdir`` (the output folder and its safety rules), ``run`` (the build),
+``merge`` (parts joined)."""
+
+from typing import Any
+
+from shardmaker import compat
+from shardmaker.build.config import BuildConfig, BuildResult, part_manifest_name, shard_name
+from shardmaker.build.merge import PartsPending, merge, merge_when_ready
+from shardmaker.build.run import build, fingerprint, order_samples
+
+__all__ = [
+    "BuildConfig",
+    "BuildResult",
+    "PartsPending",
+    "build",
+    "fingerprint",
+    "merge",
+    "merge_when_ready",
+    "order_samples",
+    "part_manifest_name",
+    "shard_name",
+]
+
+__getattr__: Any = compat.module_getattr(__name__, {"BuildOptions": ("shardmaker.build.BuildConfig", BuildConfig)})

@@ -1,0 +1,285 @@
+"""``shardmaker build``: sources -> deterministic tar shards + manifest, resumable, parallel.
+
+Order of events (what makes it crash-safe):
+1. scan and pair the sources, sort by key, seeded shuffle, take this part's slice;
+2. per shard: stream samples into ``shard-N.tar.partial``; record the finished entry under
+   ``_build/``; rename the shard to its final name;
+3. write ``manifest.json`` (or the part manifest) last, atomically; drop ``_build/``.
+A rerun finds the recorded, complete shards, keeps them, and continues after them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import multiprocessing
+import time
+from collections import deque
+from collections.abc import Generator
+
+import fsspec
+import numpy as np
+from tqdm import tqdm
+
+import shardmaker
+from shardmaker import storage
+from shardmaker.build import outdir
+from shardmaker.build.config import (
+    WRITER_REVISION,
+    BuildConfig,
+    BuildResult,
+    shard_name,
+)
+from shardmaker.build.output import Output
+from shardmaker.build.sample import EncodedSample, LrMethod, encode_or_skip
+from shardmaker.build.sources import Pair, Skipped, scan_sources
+from shardmaker.build.writer import ShardWriter
+from shardmaker.errors import BuildError, OnError
+from shardmaker.format.manifest import FORMAT, MANIFEST, Manifest, ManifestError, ShardInfo
+from shardmaker.format.manifest import parse as parse_manifest
+
+log = logging.getLogger("shardmaker.build")
+
+
+def _content_hashes(pairs: list[Pair], opts: BuildConfig) -> list[str]:
+    """sha256 of every source file (``--strict-resume``)."""
+    out = []
+    for p in tqdm(pairs, desc="hash sources", unit="img", disable=not opts.progress):
+        h = hashlib.sha256()
+        for url in [p.hr] + [u for _, u, _ in p.lr]:
+            with fsspec.open(url, "rb", **opts.sample.storage_options) as f:
+                for block in iter(lambda: f.read(1 << 22), b""):
+                    h.update(block)
+        out.append(h.hexdigest())
+    return out
+
+
+def _hr_sources(opts: BuildConfig) -> tuple[str, ...]:
+    return (opts.hr_src,) if isinstance(opts.hr_src, str) else tuple(opts.hr_src)
+
+
+def fingerprint(pairs: list[Pair], opts: BuildConfig) -> str:
+    """Hash of everything that decides the dataset's bytes: sources by name, pixel size, file size
+    and modification stamp (content hash with ``strict_resume``), and the flags. A source edited in
+    place changes it, so a rerun rebuilds instead of keeping stale shards."""
+    cfg = opts.sample
+    doc = {
+        "format": FORMAT,
+        "writer": WRITER_REVISION,
+        "pairs": [[p.key, p.hr_rel, list(p.hr_size), [[s, rel] for s, _, rel in p.lr], list(p.stamps)] for p in pairs],
+        "content": _content_hashes(pairs, opts) if opts.strict_resume else None,
+        "codec": cfg.codec.value,
+        "png_level": cfg.png_level,
+        "lr_method": cfg.lr_method.value,
+        "scales": sorted(cfg.scales) if cfg.lr_method is not LrMethod.PROVIDED else None,
+        "mod_crop": cfg.mod_crop,
+        "drop_alpha": cfg.drop_alpha,
+        "shard_size": opts.shard_size,
+        "max_samples": opts.max_samples,
+        "seed": opts.seed,
+        "parts": opts.part[1] if opts.part else None,
+        "skip_errors": opts.on_error is OnError.SKIP,  # key kept: fingerprints of earlier builds stay valid
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def order_samples(pairs: list[Pair], seed: int, part: tuple[int, int] | None) -> list[Pair]:
+    """Key-sorted pairs in a seeded random order; with a part, its contiguous slice."""
+    perm = np.random.default_rng(seed).permutation(len(pairs))
+    ordered = [pairs[i] for i in perm]
+    if part is None:
+        return ordered
+    i, n = part
+    lo, hi = i * len(ordered) // n, (i + 1) * len(ordered) // n
+    return ordered[lo:hi]
+
+
+def _encoded(todo: list[Pair], opts: BuildConfig) -> Generator[EncodedSample | Skipped, None, None]:
+    """Encode in order; with several workers keep a bounded window of samples in flight."""
+    if opts.workers == 1 or len(todo) <= 1:
+        for pair in todo:
+            yield encode_or_skip(pair, opts.sample, opts.on_error)
+        return
+    ctx = multiprocessing.get_context("spawn")  # no fork: fsspec/s3fs hold threads and loops
+    with cf.ProcessPoolExecutor(opts.workers, mp_context=ctx) as pool:
+        window: deque[cf.Future] = deque()
+        pending = iter(todo)
+        try:
+            for pair in pending:
+                window.append(pool.submit(encode_or_skip, pair, opts.sample, opts.on_error))
+                if len(window) >= 2 * opts.workers:
+                    yield window.popleft().result()
+            while window:
+                yield window.popleft().result()
+        finally:
+            for fut in window:
+                fut.cancel()
+
+
+def _manifest(opts: BuildConfig, fp: str, shards: list[ShardInfo], skipped: list[Skipped], n_total: int) -> Manifest:
+    cfg = opts.sample
+    scales = sorted(cfg.scales)
+    return Manifest(
+        codec=cfg.codec.value,
+        scales=scales,
+        lr_method=cfg.lr_method.value,
+        shards=shards,
+        build={
+            "fingerprint": fp,
+            "tool": f"shardmaker {shardmaker.__version__}",
+            "seed": opts.seed,
+            "png_level": cfg.png_level,
+            "shard_size": opts.shard_size,
+            "max_samples": opts.max_samples,
+            "mod_crop": cfg.mod_crop,
+            "part": list(opts.part) if opts.part else None,
+            "sources": n_total,
+            "skipped": [dataclasses.asdict(s) for s in skipped],
+        },
+    )
+
+
+def build(opts: BuildConfig) -> BuildResult:
+    """Run a whole (or part) build; see the module docstring for the crash-safety contract."""
+    t0 = time.perf_counter()
+    pairs, skipped_scan = scan_sources(
+        _hr_sources(opts), opts.lr_srcs, opts.sample.mod_crop, opts.on_error, opts.sample.storage_options
+    )
+    if opts.lr_srcs:
+        scales = tuple(s for s, _, _ in pairs[0].lr)
+        if opts.sample.scales and set(opts.sample.scales) != set(scales):
+            raise BuildError(f"--scale {list(opts.sample.scales)} does not match the LR folders' scales {list(scales)}")
+        opts = dataclasses.replace(opts, sample=dataclasses.replace(opts.sample, scales=scales, lr_method=LrMethod.PROVIDED))
+    elif opts.sample.lr_method is LrMethod.PROVIDED:
+        raise BuildError("lr_method 'provided' needs LR folders (--lr)")
+    fp = fingerprint(pairs, opts)
+    out = Output(opts, fp)
+    outdir.refuse_dangerous(out.fs, out.root, opts.out)
+    if out.fs.exists(out.root) and not out.fs.isdir(out.root):
+        raise BuildError(f"{opts.out}: is a file, not a folder for shards")
+    lock = ".shardmaker.lock" if opts.part is None else f".shardmaker-part-{opts.part[0]:04d}.lock"
+    with outdir.locked(out.fs, out.root, opts.out, lock):
+        return _build_locked(opts, out, pairs, skipped_scan, t0)
+
+
+def _build_locked(opts: BuildConfig, out: Output, pairs: list[Pair], skipped_scan: list[Skipped], t0: float) -> BuildResult:
+    fp = out.fp
+    todo_all = order_samples(pairs, opts.seed, opts.part)
+    manifest_path = out.path(out.final_name)
+    done_manifest, conflict = out.finished()
+    if done_manifest is not None:
+        log.info("%s is already built (same sources and flags); nothing to do", manifest_path)
+        return BuildResult(
+            manifest_path,
+            done_manifest.samples,
+            len(done_manifest.shards),
+            done_manifest.bytes,
+            len(done_manifest.shards),
+            skipped_scan,
+            time.perf_counter() - t0,
+            opts.part is None,
+        )
+    conflict = out.conflict(conflict)
+    staging = out.path(outdir.STAGING)
+    if opts.part is None and (conflict is not None or out.fs.exists(storage.join(staging, MANIFEST))):
+        out._refuse(conflict or "holds an unfinished replacement")
+        return _replace(opts, out, staging)
+
+    shards, start, skipped = out.prepare(conflict)
+    if shards:
+        log.info("resuming: %d finished shards kept, continuing at sample %d of %d", len(shards), start, len(todo_all))
+    out.fs.makedirs(out.root, exist_ok=True)
+    todo = todo_all[start:]
+    reused = len(shards)
+    bar = tqdm(total=len(todo_all), initial=start, unit="img", desc="build", disable=not opts.progress, dynamic_ncols=True)
+    writer: ShardWriter | None = None
+    encoded: Generator[EncodedSample | Skipped, None, None] | None = None
+    written = 0
+    t_start = time.perf_counter()
+    try:
+        index = start
+        encoded = _encoded(todo, opts)
+        for item in encoded:
+            index += 1
+            if isinstance(item, Skipped):
+                log.warning("skipping %s: %s", item.path, item.reason)
+                skipped.append(item)
+            else:
+                size = len(item.tar_bytes)
+                if (
+                    writer is not None
+                    and writer.samples
+                    and (
+                        writer.offset + size + 1024 > opts.shard_size
+                        or (opts.max_samples is not None and writer.samples >= opts.max_samples)
+                    )
+                ):
+                    shards.append(_close(writer, out, index - 1, skipped))
+                    writer = None
+                if writer is None:
+                    writer = ShardWriter(out.fs, out.root, shard_name(len(shards), opts.part))
+                writer.add(item)
+                written += size
+            bar.update(1)
+            bar.set_postfix_str(f"{written / 1e6 / max(time.perf_counter() - t_start, 1e-9):.1f} MB/s", refresh=False)
+        if writer is not None:
+            shards.append(_close(writer, out, index, skipped))
+            writer = None
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    finally:
+        if encoded is not None:
+            encoded.close()  # on an error: shut the encoding processes down now, not at garbage collection
+        bar.close()
+    if not shards and todo_all:
+        raise BuildError(f"{', '.join(_hr_sources(opts))}: every sample was skipped; nothing to write")
+    if not todo_all and opts.part is not None:
+        log.warning("part %d/%d has no samples (more parts than images); writing an empty part", *opts.part)
+    scan_skips = skipped_scan if opts.part is None or opts.part[0] == 0 else []  # listed once
+    skipped_all = scan_skips + skipped
+    manifest = _manifest(opts, fp, shards, skipped_all, len(pairs))
+    try:
+        storage.write_atomic(out.fs, manifest_path, manifest.dumps())
+    except OSError as exc:
+        raise BuildError(f"writing {manifest_path} failed: {exc}") from None
+    out.cleanup(shards)
+    return BuildResult(
+        manifest_path,
+        manifest.samples,
+        len(shards),
+        manifest.bytes,
+        reused,
+        skipped_all,
+        time.perf_counter() - t0,
+        opts.part is None,
+    )
+
+
+def _replace(opts: BuildConfig, out: Output, staging: str) -> BuildResult:
+    """``--overwrite`` of a whole dataset: build the new one in OUT/_staging (resumable there), and
+    only once it is complete swap it in; a failed build leaves the old dataset as it was."""
+    known: set[str] = set()
+    with contextlib.suppress(FileNotFoundError, ManifestError):
+        known = {s.name for s in parse_manifest(storage.read_bytes(out.fs, storage.join(staging, MANIFEST)), staging).shards}
+    doomed, records = out.replaceable(known)
+    log.warning("--overwrite: building the new dataset in %s; the old one stays until it is complete", staging)
+    res = build(dataclasses.replace(opts, out=storage.url_of(out.fs, staging), overwrite=False))
+    outdir.swap_in(out.fs, out.root, staging, doomed, records)
+    return dataclasses.replace(res, manifest_path=out.path(MANIFEST))
+
+
+def _close(writer: ShardWriter, out: Output, next_sample: int, skipped: list[Skipped]) -> ShardInfo:
+    info = writer.finish()
+    try:
+        out.record(info, next_sample, skipped)
+    except OSError as exc:
+        writer.abort()
+        raise BuildError(f"recording {info.name} in {out.state_root} failed: {exc}") from None
+    writer.publish()
+    return info
