@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import signal
 import sys
-from typing import NoReturn
+from typing import Any
 
 from shardmaker import __version__
 from shardmaker.build import BuildConfig, build, merge_when_ready
 from shardmaker.build.sample import LrMethod, SampleConfig
+from shardmaker.clikit import OneLineParser, parse_args, parse_part, parse_scales, parse_size
 from shardmaker.errors import OnError, ShardmakerError
 from shardmaker.imaging.codecs import Codec
 from shardmaker.imaging.resize import ResizeMethod
@@ -20,62 +20,6 @@ from shardmaker.index import IndexConfig, index
 from shardmaker.verify import info_text, verify
 
 log = logging.getLogger("shardmaker")
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "m": 10**6,
-    "mb": 10**6,
-    "g": 10**9,
-    "gb": 10**9,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-}
-
-
-def parse_size(text: str) -> int:
-    """``256MB``, ``1GiB``, ``500k``, ``1e9`` -> bytes (at most 1 TiB)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 256MB, 1GiB, 500000)")
-    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if not value <= 1 << 40:  # also catches inf (1e999)
-        raise argparse.ArgumentTypeError(f"size {text!r} is over the 1 TiB maximum")
-    return int(value)
-
-
-def parse_scales(text: str) -> tuple[int, ...]:
-    try:
-        scales = tuple(sorted({int(s) for s in text.split(",") if s.strip()}))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a scale list: {text!r} (examples: 4, 2,3,4)") from None
-    if not scales or any(s < 2 for s in scales):
-        raise argparse.ArgumentTypeError(f"scales must be integers >= 2, got {text!r}")
-    return scales
-
-
-def parse_part(text: str) -> tuple[int, int]:
-    m = re.fullmatch(r"(\d+)/(\d+)", text.strip())
-    if not m or not int(m.group(1)) < int(m.group(2)):
-        raise argparse.ArgumentTypeError(f"--part wants I/N with 0 <= I < N (e.g. 0/8), got {text!r}")
-    return int(m.group(1)), int(m.group(2))
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Usage errors as one line (exit 2), pointing at --help instead of printing the whole usage."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace | int:
-    """The parsed arguments, or the exit status of --help (0) / a usage error (2) for main() to return."""
-    try:
-        return parser.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,7 +31,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"shardmaker {__version__}")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, warnings and errors only")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    _build_parser(sub)
+    _merge_parser(sub)
+    _index_parser(sub)
+    _check_parsers(sub)
+    return p
 
+
+def _build_parser(sub: Any) -> None:
     b = sub.add_parser(
         "build",
         help="build shards from a folder of HR images",
@@ -190,6 +141,8 @@ def _parser() -> argparse.ArgumentParser:
         "sources once more); by default file size and modification time decide",
     )
 
+
+def _merge_parser(sub: Any) -> None:
     g = sub.add_parser(
         "merge",
         help="write manifest.json from the part manifests of a --part build",
@@ -204,6 +157,9 @@ def _parser() -> argparse.ArgumentParser:
         help="while parts are still being built, check again every 10 s for up to SECONDS "
         "(a merge Job started next to the part builds; default 0: fail at once)",
     )
+
+
+def _index_parser(sub: Any) -> None:
     x = sub.add_parser(
         "index",
         help="write a manifest for tar shards another tool wrote (wds.ShardWriter, tar, tarp), without rewriting them",
@@ -257,6 +213,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     x.add_argument("--wids", action="store_true", help="also write NAME.wids.json, a shard list for wids.ShardListDataset")
     x.add_argument("--overwrite", action="store_true", help="replace a manifest already at MANIFEST_URL")
+
+
+def _check_parsers(sub: Any) -> None:
     v = sub.add_parser(
         "verify",
         help="check shards against the manifest (exit 1 on any mismatch)",
@@ -267,7 +226,6 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--deep", action="store_true", help="decode every image and check sizes and member hashes")
     i = sub.add_parser("info", help="summary: samples, shards, bytes, scales, codec, HR size range")
     i.add_argument("url", metavar="URL")
-    return p
 
 
 def _scale_member(text: str) -> tuple[int, str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import descendants, kill_tree
+from tests.helpers import ROOT, descendants, is_running, kill_tree, wait_until
 from tests.s3server import free_port
 from wdsr.tools.cli import main
 from wdsr.train.checkpoint import RunDir
@@ -23,7 +23,6 @@ from wdsr.train.config import make_config
 from wdsr.train.loop import weights_digest
 from wdsr.train.models import build_model
 
-ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--patch-size", "48", "-k", "4", "--batch-size", "4", "--workers", "1", "--shuffle-buffer", "16"]
 
 
@@ -71,9 +70,9 @@ def test_validation_and_tensorboard(photo_shards, tmp_path):
 def test_config_file_keys_are_flag_names_and_flags_win(tmp_path):
     (tmp_path / "c.yaml").write_text("data: /d\nout: /o\nmodel: espcn\npatch-size: 96\nk: 8\nsteps: 10\n")
     cfg = make_config({"config": str(tmp_path / "c.yaml"), "steps": 3})
-    assert (cfg.model.value, cfg.patch_size, cfg.patches_per_image, cfg.steps) == ("espcn", 96, 8, 3)
+    assert (cfg.model.value, cfg.dataset.patch_size, cfg.dataset.patches_per_image, cfg.steps) == ("espcn", 96, 8, 3)
     (tmp_path / "c.json").write_text(json.dumps({"data": "/d", "out": "/o", "batch_size": 4}))
-    assert make_config({"config": str(tmp_path / "c.json")}).batch_size == 4
+    assert make_config({"config": str(tmp_path / "c.json")}).dataset.batch_size == 4
 
 
 @pytest.mark.parametrize("case, args, message", [

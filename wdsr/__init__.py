@@ -11,9 +11,10 @@ from shardmaker.errors import OnError
 from wdsr.config import DatasetConfig, Split
 from wdsr.dataset import SRDataset, ValSample
 from wdsr.errors import SampleError
-from wdsr.loader import LoaderStateError, SRLoader, WorldChanged, make_loader, to_float
+from wdsr.loader import SRLoader, make_loader, to_float
+from wdsr.pipeline.tiles import stitch
+from wdsr.state import LoaderStateError, WorldChanged
 from wdsr.store.remote import ReadFailed, Retry
-from wdsr.tiles import stitch
 
 __all__ = [
     "DatasetConfig",
@@ -37,7 +38,7 @@ __version__ = "0.1.0"
 compat.alias_modules(
     {
         **{f"wdsr.{m}": f"wdsr.pipeline.{m}" for m in ("plan", "read", "decode", "patches", "augment", "shuffle", "stream")},
-        **{f"wdsr.{m}": f"wdsr.pipeline.{m}" for m in ("handoff", "stats")},
+        **{f"wdsr.{m}": f"wdsr.pipeline.{m}" for m in ("handoff", "stats", "tiles")},
         **{f"wdsr.{m}": f"wdsr.store.{m}" for m in ("remote", "cache", "decoded", "urls")},
         **{f"wdsr.{m}": f"wdsr.train.{m}" for m in ("checkpoint", "models", "validate")},
         "wdsr.trainconfig": "wdsr.train.config",

@@ -6,9 +6,10 @@ import dataclasses
 import enum
 from typing import Any
 
+from shardmaker import format as fmt
 from shardmaker.errors import OnError
-from shardmaker.format import headers
 from wdsr.pipeline.decode import Verify
+from wdsr.pipeline.epoch import StreamConfig
 from wdsr.pipeline.patches import PatchConfig
 from wdsr.pipeline.read import Fetch, ReadConfig
 from wdsr.store.remote import Retry
@@ -40,7 +41,7 @@ class DatasetConfig:
     tile: int | None = None  # val: LR tile side; None = whole images
     tile_overlap: int = 8
     return_keys: bool = False
-    max_pixels: int = headers.DEFAULT_MAX_PIXELS  # HR pixels; checked from the header, before decoding
+    max_pixels: int = fmt.DEFAULT_MAX_PIXELS  # HR pixels; checked from the header, before decoding
     # reading (remote datasets)
     retry: Retry = Retry()
     read_ahead: int = 1
@@ -71,6 +72,11 @@ class DatasetConfig:
 
     def patch_config(self) -> PatchConfig:
         return PatchConfig(self.scale, self.patch_size, self.augment, self.min_patch_std, self.max_tries)
+
+    def stream_config(self) -> StreamConfig:
+        return StreamConfig(
+            self.patch_config(), self.patches_per_image, self.batch_size, self.shuffle_buffer, self.seed, self.return_keys
+        )
 
     def read_config(self) -> ReadConfig:
         return ReadConfig(self.retry, self.read_ahead, self.fetch, self.cache_dir, self.cache_limit)

@@ -1,8 +1,10 @@
-"""``SRDataset``: configuration + manifest + reader; the stream itself is in ``wdsr.pipeline.stream``.
+"""``SRDataset``: configuration + manifest + the sources that read them; its passes are put together
+by ``wdsr.pipeline.epoch`` (train) and ``wdsr.pipeline.val``.
 
-The dataset holds what a run reads and how; it is never changed by a loader. Epoch, workers,
-the batches already handed out and the shared-memory slots belong to the loader
-(``wdsr.loader``), which passes them to the workers with each pass.
+The dataset holds what a run reads and how, and the world it was made in; it is never changed by a
+loader. The epoch, the workers, the batches already handed out and the shared-memory slots belong
+to the loader (``wdsr.loader``), which passes them to the workers with each pass; the dataset's
+``set_epoch`` only tells its loaders.
 """
 
 from __future__ import annotations
@@ -10,42 +12,32 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
-import torch
 from torch.utils.data import IterableDataset
 
 from shardmaker import compat
+from shardmaker import format as fmt
 from shardmaker.errors import OnError
-from shardmaker.format import manifest as mf
 from wdsr import env
 from wdsr.config import DatasetConfig, Split
-from wdsr.pipeline.batch import collate, train_batches
-from wdsr.pipeline.decode import DecodedPair, Verify
-from wdsr.pipeline.elastic import ChunkStream, ElasticPlan, elastic_plan
+from wdsr.pipeline.batch import collate
+from wdsr.pipeline.decode import Verify
+from wdsr.pipeline.elastic import ElasticPlan, elastic_plan
+from wdsr.pipeline.epoch import Slot, elastic_pass, train_pass
 from wdsr.pipeline.handoff import BatchPool
-from wdsr.pipeline.plan import Span, TrainPlan, mix_counts, mix_segments, slice_length, val_plan
+from wdsr.pipeline.plan import TrainPlan, mix_counts, mix_segments, slice_length, slot_batches, val_plan
 from wdsr.pipeline.read import ShardReader
 from wdsr.pipeline.source import ErrorPolicy, MixSource, Source
 from wdsr.pipeline.stats import SharedStats
-from wdsr.pipeline.stream import TrainStream
+from wdsr.pipeline.val import ValSample, val_pass
 from wdsr.store import urls
 from wdsr.store.decoded import DecodedCache
-from wdsr.tiles import tile_boxes
 
 __all__ = ["DatasetConfig", "OnError", "SRDataset", "Split", "ValSample", "collate"]
-
-
-class ValSample(NamedTuple):
-    """A whole image (``boxes`` None) or all its tiles; LR-pixel boxes ``(y, x, h, w)`` to stitch."""
-
-    lr: torch.Tensor  # [1 or T, C, h, w]
-    hr: torch.Tensor  # [1 or T, C, s*h, s*w]
-    key: str
-    boxes: list[tuple[int, int, int, int]] | None
-    lr_size: tuple[int, int]  # (w, h) of the whole LR image, like every size in wdsr and the manifest
 
 
 class SRDataset(IterableDataset):
@@ -89,12 +81,12 @@ class SRDataset(IterableDataset):
             if weights is not None or epoch_samples is not None:
                 raise ValueError("weights= and epoch_samples= mix several datasets: give a list of dataset folders")
             where = urls.resolve(url, manifest)
-            full = mf.load(where.folder, storage_options, compact=True, name=where.manifest)  # numpy columns
+            full = fmt.load(where.folder, storage_options, compact=True, name=where.manifest)  # numpy columns
             parts = [(where.folder, urls.select(full, where, storage_options))]
         else:
             if manifest is not None:
                 raise ValueError("manifest= names one dataset's manifest; a mix reads each folder's own")
-            parts = [(f, mf.load(f, storage_options, compact=True)) for f in folders]
+            parts = [(f, fmt.load(f, storage_options, compact=True)) for f in folders]
         sources = []
         for folder, m in parts:
             if self.config.scale not in m.scales:
@@ -113,9 +105,10 @@ class SRDataset(IterableDataset):
         self.reader = sources[0].reader
         self.manifest, self._source, self.mix = _combine(parts, sources, weights, epoch_samples)
         self.identity = self.manifest.digest  # tells datasets (and mixes) apart in a saved state
-        self._epoch_request = (0, 0)  # (times set_epoch was called, epoch): loaders pick it up
+        self.requested_epoch: int | None = None  # the last set_epoch(); loaders made later start there
+        self._loaders: weakref.WeakSet[Any] = weakref.WeakSet()  # told of each set_epoch()
 
-    def _decoded_cache(self, m: mf.Manifest, parts: list[tuple[str, mf.Manifest]]) -> DecodedCache | None:
+    def _decoded_cache(self, m: fmt.Manifest, parts: list[tuple[str, fmt.Manifest]]) -> DecodedCache | None:
         """This dataset's part of the node-wide decoded cache; in a mix, each source gets the share
         of ``decoded_cache_limit`` its pixels are of the union's."""
         c = self.config
@@ -124,7 +117,7 @@ class SRDataset(IterableDataset):
         limit = c.decoded_cache_limit
         if limit is not None and len(parts) > 1:
 
-            def pixels(man: mf.Manifest) -> int:
+            def pixels(man: fmt.Manifest) -> int:
                 return sum(int(np.asarray(sh.hr_sizes, dtype=np.int64).reshape(-1, 2).prod(axis=1).sum()) for sh in man.shards)
 
             limit = max(1, limit * pixels(m) // max(1, sum(pixels(p) for _, p in parts)))
@@ -143,16 +136,30 @@ class SRDataset(IterableDataset):
         compat.warn("SRDataset.opts", "SRDataset.config")
         return self.config
 
+    def __getstate__(self) -> dict[str, Any]:  # what a DataLoader worker gets: not the loaders
+        return {k: v for k, v in self.__dict__.items() if k != "_loaders"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._loaders = weakref.WeakSet()
+
     # ---- epochs and sizes -------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Ask for ``epoch`` (shard order, patch positions) at the next pass of any loader of this
-        dataset, persistent workers included (``loader.set_epoch`` does the same for one loader)."""
-        self._epoch_request = (self._epoch_request[0] + 1, int(epoch))
+        """Ask every loader of this dataset (and those made later) for ``epoch`` (shard order, patch
+        positions) at its next pass, persistent workers included; the loaders own the epoch
+        (``loader.set_epoch`` asks one loader)."""
+        self.requested_epoch = int(epoch)
+        for loader in list(self._loaders):
+            loader.set_epoch(epoch)
+
+    def attach(self, loader: Any) -> None:
+        """A loader of this dataset: told of later ``set_epoch`` calls."""
+        self._loaders.add(loader)
 
     @property
     def epoch(self) -> int:
         compat.warn("SRDataset.epoch", "SRLoader.epoch (the loader owns the epoch counter)")
-        return self._epoch_request[1]
+        return self.requested_epoch or 0
 
     def _sizes(self) -> list[int]:
         return [s.samples for s in self.manifest.shards]
@@ -173,13 +180,14 @@ class SRDataset(IterableDataset):
     def samples_per_worker(self, num_workers: int = 0) -> int:
         return slice_length(self.epoch_samples, self.world.size * max(1, num_workers))
 
-    def batches_per_worker(self, num_workers: int = 0) -> int:
-        return self.samples_per_worker(num_workers) * self.config.patches_per_image // self.config.batch_size
+    def batches_per_worker(self, num_workers: int = 0, world_size: int | None = None) -> int:
+        """Batches per worker of a loader with ``num_workers`` workers, in this world or one of ``world_size`` ranks."""
+        c = self.config
+        size = self.world.size if world_size is None else world_size
+        return slot_batches(self.epoch_samples, size, num_workers, c.patches_per_image, c.batch_size)
 
     def batches_per_worker_in(self, world_size: int, num_workers: int) -> int:
-        """Batches per worker of a loader with ``num_workers`` workers in a world of ``world_size`` ranks."""
-        per = slice_length(self.epoch_samples, world_size * max(1, num_workers))
-        return per * self.config.patches_per_image // self.config.batch_size
+        return self.batches_per_worker(num_workers, world_size)
 
     def __len__(self) -> int:
         """Train: batches per rank per epoch without workers (``len(loader)`` for a loader's). Val: this rank's images."""
@@ -209,7 +217,7 @@ class SRDataset(IterableDataset):
         """One pass at the epoch last asked for with ``set_epoch`` (0 by default), in the current
         worker; a loader's passes go through :meth:`stream` instead."""
         worker, nw = env.current_worker()
-        return self.stream(worker, nw, self._epoch_request[1])
+        return self.stream(worker, nw, self.requested_epoch or 0)
 
     def stream(
         self,
@@ -226,29 +234,19 @@ class SRDataset(IterableDataset):
 
         ``origin`` (old world size, old workers, batches per rank): the rest of an epoch another
         world had run that far into, re-planned over this world (:func:`elastic_plan`)."""
-        if self.config.split is Split.VAL:
-            return self._val(worker, num_workers)
-        c = self.config
-        self.check_batches(num_workers)
         nw = max(1, num_workers)
-        as_worker = worker if slot_worker is None else slot_worker
-        slot = self.world.rank * nw + as_worker
-        stream: TrainStream | ChunkStream
+        c = self.config
+        if c.split is Split.VAL:
+            items = val_plan(self._sizes(), self.world.size, nw)[self.world.rank * nw + worker]
+            return val_pass(self._source, items, worker, c.scale, c.tile, c.tile_overlap)
+        self.check_batches(num_workers)
+        slot = Slot(self.world.rank, nw, worker, worker if slot_worker is None else slot_worker, skip_batches)
         if origin is None:
             plan = self.train_plan(epoch, self.world.size, nw)
-            stream = TrainStream(self._source, c.patch_config(), c.patches_per_image, c.seed, epoch, plan, slot, worker)
-            rng = np.random.default_rng([c.seed, epoch, self.world.rank, as_worker, 0x5348])
-        else:
-            el = self.elastic_plan(epoch, origin, nw)
-            old = self.train_plan(epoch, origin[0], origin[1])
-            chunk = el.chunk(slot)
-            streams = {
-                int(s): TrainStream(self._source, c.patch_config(), c.patches_per_image, c.seed, epoch, old, int(s), worker)
-                for s in np.unique(chunk[:, 0])
-            }
-            stream = ChunkStream(streams, chunk, c.patches_per_image)
-            rng = np.random.default_rng([c.seed, epoch, self.world.rank, as_worker, 0x454C])
-        return train_batches(stream, c.batch_size, c.shuffle_buffer, rng, skip_batches, worker, pool, c.return_keys, self.stats)
+            return train_pass(self._source, c.stream_config(), epoch, plan, slot, pool, self.stats)
+        old = self.train_plan(epoch, origin[0], origin[1])
+        el = self.elastic_plan(epoch, origin, nw)
+        return elastic_pass(self._source, c.stream_config(), epoch, old, el, slot, pool, self.stats)
 
     def elastic_plan(self, epoch: int, origin: tuple[int, int, int], num_workers: int) -> ElasticPlan:
         """The rest of ``epoch`` after ``origin`` = (world size, workers, batches per rank), over this world."""
@@ -264,30 +262,6 @@ class SRDataset(IterableDataset):
             self.world.size * max(1, num_workers),
         )
 
-    def _val(self, worker: int, nw: int) -> Iterator[ValSample]:
-        items = val_plan(self._sizes(), self.world.size, max(1, nw))[self.world.rank * max(1, nw) + worker]
-        for ref in items:
-            for pair in self._source.pairs([Span(ref.shard_index, ref.sample, ref.sample + 1)], worker):
-                if pair is None:  # skipped (on_error="skip"), counted and logged by the policy
-                    continue
-                yield self._val_sample(pair)
-
-    def _val_sample(self, pair: DecodedPair) -> ValSample:
-        c = self.config
-        s = c.scale
-        hr_img, lr_img = pair.hwc()
-        lh, lw = lr_img.shape[:2]
-        if c.tile is None:
-            boxes = None
-            lr, hr = lr_img[None], hr_img[None]
-        else:
-            boxes = tile_boxes(lh, lw, c.tile, c.tile_overlap)
-            lr = np.stack([lr_img[y : y + h, x : x + w] for y, x, h, w in boxes])
-            hr = np.stack([hr_img[s * y : s * (y + h), s * x : s * (x + w)] for y, x, h, w in boxes])
-        lr_t = torch.from_numpy(_nchw(lr))
-        hr_t = torch.from_numpy(_nchw(hr))
-        return ValSample(lr_t, hr_t, pair.key, boxes, (lw, lh))
-
 
 @dataclasses.dataclass(frozen=True)
 class Mix:
@@ -300,8 +274,8 @@ class Mix:
 
 
 def _combine(
-    parts: list[tuple[str, mf.Manifest]], sources: list[Source], weights: Sequence[float] | None, epoch_samples: int | None
-) -> tuple[mf.Manifest, Source | MixSource, Mix | None]:
+    parts: list[tuple[str, fmt.Manifest]], sources: list[Source], weights: Sequence[float] | None, epoch_samples: int | None
+) -> tuple[fmt.Manifest, Source | MixSource, Mix | None]:
     """One manifest-like view over the parts (shards numbered one source after the other), the
     source that reads them, and the mix (None for a single dataset)."""
     if len(parts) == 1 and weights is None and epoch_samples is None:
@@ -314,7 +288,7 @@ def _combine(
     codecs = sorted({m.codec for _, m in parts})
     doc = json.dumps({"mix": [m.digest for _, m in parts], "counts": counts, "weights": mix.weights}, sort_keys=True)
     first = parts[0][1]
-    combined = mf.Manifest(
+    combined = fmt.Manifest(
         codecs[0] if len(codecs) == 1 else "+".join(codecs),
         sorted(set.intersection(*(set(m.scales) for _, m in parts))),
         first.lr_method,
@@ -323,10 +297,6 @@ def _combine(
         identity=hashlib.sha256(doc.encode()).hexdigest(),
     )
     return combined, MixSource(sources), mix
-
-
-def _nchw(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a[:, None] if a.ndim == 3 else a.transpose(0, 3, 1, 2))
 
 
 __getattr__ = compat.module_getattr(__name__, {"Options": ("wdsr.dataset.DatasetConfig", DatasetConfig)})

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
+import json
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -11,63 +10,25 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from wdsr import env
+from wdsr import env, state
 from wdsr.dataset import Split, SRDataset
 from wdsr.errors import SampleError
 from wdsr.pipeline.handoff import BatchPool, is_slot
+from wdsr.pipeline.plan import Span
+from wdsr.pipeline.worker import tune_malloc, worker_init
+from wdsr.state import LoaderStateError, WorldChanged
 
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+__all__ = [
+    "LoaderStateError",
+    "SRLoader",
+    "WorldChanged",
+    "default_prefetch",
+    "make_loader",
+    "sample_meta",
+    "to_float",
+    "tune_malloc",
+]
 log = logging.getLogger("wdsr")
-
-
-def tune_malloc() -> bool:
-    """Keep large decode buffers in the heap instead of mmap/munmap per image (glibc only).
-
-    Each 4K decode allocates 25-60 MB; glibc maps and unmaps such blocks every time and the
-    page faults cost +25% decode time on PNG. Returns whether the settings took.
-    """
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        ok = libc.mallopt(_M_MMAP_THRESHOLD, 32 * 1024 * 1024) == 1
-        return bool(libc.mallopt(_M_TRIM_THRESHOLD, 512 * 1024 * 1024) == 1 and ok)
-    except (OSError, AttributeError):
-        return False
-
-
-def _worker_init(_worker_id: int) -> None:
-    # SIGTERM is left as torch set it in the worker, before this runs (a handler in C that replaces
-    # any the trainer installed, such as ``wdsr train``'s checkpoint-then-exit): from the trainer
-    # process (multiprocessing terminating its workers at exit) the worker exits cleanly; from
-    # anyone else it dies as by default. Setting SIG_DFL here made every script that exited with
-    # persistent workers alive print "DataLoader worker ... is killed by signal: Terminated".
-    torch.set_num_threads(1)
-    tune_malloc()
-
-
-STATE_FORMAT = "wdsr-loader/1"
-PATCH_DRAWS = "splitmix64/1"  # how patch positions are drawn (wdsr.pipeline.patches.draws); states before it: numpy PCG64
-_MATCH = (
-    "scale",
-    "patch_size",
-    "patches_per_image",
-    "batch_size",
-    "shuffle_buffer",
-    "augment",
-    "seed",
-    "min_patch_std",
-    "max_tries",
-)
-
-
-class LoaderStateError(ValueError):
-    """A saved loader state that does not fit this loader (another dataset, settings or format)."""
-
-
-class WorldChanged(LoaderStateError):
-    """A saved state from another world size or worker count (an elastic resume)."""
 
 
 class _Pass(IterableDataset):
@@ -118,11 +79,11 @@ class SRLoader(DataLoader):
         self.epoch = 0  # of the current (or last) pass
         self._position = 0  # batches of that epoch handed to the trainer
         self._passes = 0
-        self._asked: int | None = None  # loader.set_epoch()
-        self._seen_request = 0  # the dataset's set_epoch() calls already taken up
+        self._asked: int | None = dataset.requested_epoch  # set_epoch(), here or on the dataset
         self._resume: tuple[int, int, tuple[int, int, int] | None] | None = None
         self._origin: tuple[int, int, int] | None = None  # of the current pass, when it is an elastic one
         self.elastic_report: dict[str, int] | None = None  # what an elastic resume re-planned
+        dataset.attach(self)  # the dataset's set_epoch() reaches this loader
 
     def __len__(self) -> int:
         return self.sr_dataset.length(self.num_workers)
@@ -137,16 +98,13 @@ class SRLoader(DataLoader):
         self._asked = int(epoch)
 
     def _next_epoch(self) -> int:
-        serial, requested = self.sr_dataset._epoch_request
         if self._asked is not None:
             return self._asked
-        if serial != self._seen_request:
-            return requested
         return self.epoch + 1 if self._passes else 0
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a generator over the inner iterator
         epoch = self._next_epoch()
-        self._asked, self._seen_request = None, self.sr_dataset._epoch_request[0]
+        self._asked = None
         start, origin = 0, None
         if self._resume is not None:
             if self._resume[0] == epoch:
@@ -161,12 +119,8 @@ class SRLoader(DataLoader):
     def pass_length(self) -> int:
         """Batches of the current pass: ``len(loader)``, or that of the rest of an epoch re-planned
         by an elastic resume."""
-        origin = self._resume[2] if self._resume is not None else self._origin
-        epoch = self._resume[0] if self._resume is not None else self.epoch
-        if origin is None:
-            return len(self)
-        nw = max(1, self.num_workers)
-        return nw * (self.sr_dataset.elastic_plan(epoch, origin, self.num_workers).per_slot // self.sr_dataset.config.batch_size)
+        epoch, _, origin = self._resume if self._resume is not None else (self.epoch, 0, self._origin)
+        return state.pass_length(self.sr_dataset, self.num_workers, epoch, origin)
 
     def _batches(self, inner: Any) -> Iterator[Any]:
         """Batches from the DataLoader, taken out of their pool slots and counted; workers that
@@ -184,130 +138,40 @@ class SRLoader(DataLoader):
     # ---- saving and restoring the position --------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """A small JSON-able dict: how far the trainer got in which epoch, and what must match to resume."""
-        ds = self.sr_dataset
-        c = ds.config
-        if c.split is Split.VAL:
-            raise ValueError("a val loader has no position to save: every pass reads every image")
-        origin: tuple[int, int, int] | None = None
+        position: state.Position
         if self._resume is not None:
-            epoch, done, origin = self._resume
+            position = self._resume
         elif not self._passes:
-            epoch, done = self._next_epoch(), 0
+            position = (self._next_epoch(), 0, None)
         else:
-            epoch, done, origin = self.epoch, self._position, self._origin
-            if done >= self.pass_length():
-                epoch, done, origin = epoch + 1, 0, None
-        extra = {} if origin is None else {"elastic": {"world_size": origin[0], "num_workers": origin[1], "batches": origin[2]}}
-        return {
-            **extra,
-            "format": STATE_FORMAT,
-            "dataset": ds.identity,
-            "samples": ds.manifest.samples,
-            **{name: getattr(c, name) for name in _MATCH},
-            "world_size": ds.world.size,
-            "num_workers": self.num_workers,
-            "epoch": int(epoch),
-            "batches": int(done),
-            "patch_draws": PATCH_DRAWS,
-        }
+            position = (self.epoch, self._position, self._origin)
+            if self._position >= self.pass_length():
+                position = (self.epoch + 1, 0, None)
+        return state.save(self.sr_dataset, self.num_workers, position)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue where ``state`` (from :meth:`state_dict`) stopped, at the next pass."""
-        if not isinstance(state, dict):
-            raise LoaderStateError(f"a loader state is a dict, got {type(state).__name__}")
-        need = ("format", "dataset", *_MATCH, "world_size", "num_workers", "epoch", "batches")
-        missing = [k for k in need if k not in state]
-        if missing:
-            raise LoaderStateError(f"the loader state lacks {', '.join(missing)} (truncated, or not a wdsr loader state)")
-        if state["format"] != STATE_FORMAT:
-            raise LoaderStateError(f"loader state format {state['format']!r}; this wdsr reads {STATE_FORMAT!r}")
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Continue where ``saved`` (from :meth:`state_dict`) stopped, at the next pass."""
         ds = self.sr_dataset
-        if state.get("patch_draws") != PATCH_DRAWS:
-            log.warning(
-                "the loader state was saved by a wdsr that drew patch positions another way (%s); the run "
-                "continues at the same batch with the same images, but the rest of this epoch cuts other patches "
-                "than that version would have",
-                state.get("patch_draws", "numpy PCG64"),
-            )
-        if state["dataset"] != ds.identity:
-            raise LoaderStateError(
-                f"the loader state is from another dataset (manifest sha256 {str(state['dataset'])[:12]}..., "
-                f"{ds.url} has {ds.identity[:12]}...)"
-            )
-        for name in _MATCH:
-            if state[name] != getattr(ds.config, name):
-                raise LoaderStateError(f"the loader state has {name}={state[name]!r}, this loader {getattr(ds.config, name)!r}")
-        epoch, done = state["epoch"], state["batches"]
-        if type(epoch) is not int or type(done) is not int or epoch < 0 or done < 0:
-            raise LoaderStateError(f"the loader state's epoch/batches must be integers >= 0, got {epoch!r}/{done!r}")
-        origin = None
-        if "elastic" in state:
-            e = state["elastic"]
-            if not isinstance(e, dict) or any(
-                type(e.get(n)) is not int or e[n] < 0 for n in ("world_size", "num_workers", "batches")
-            ):
-                raise LoaderStateError(f"the loader state's elastic origin is malformed: {e!r}")
-            origin = (e["world_size"], e["num_workers"], e["batches"])
-        same_world = (state["world_size"], state["num_workers"]) == (ds.world.size, self.num_workers)
-        if not same_world and origin is not None:
-            raise WorldChanged(
-                f"the loader state is inside an epoch already re-planned from {origin[0]} x {origin[1]} to "
-                f"{state['world_size']} x {state['num_workers']} slots; a second change of world within one epoch "
-                "is not supported"
-            )
-        if not same_world and done:
-            if type(state["world_size"]) is not int or type(state["num_workers"]) is not int or state["world_size"] < 1:
-                raise LoaderStateError("the loader state's world_size/num_workers must be integers")
-            old_len = max(1, state["num_workers"]) * ds.batches_per_worker_in(state["world_size"], state["num_workers"])
-            if done > old_len:
-                raise LoaderStateError(f"the loader state is {done} batches into an epoch of {old_len}")
-            if done < old_len:
-                origin, done = (state["world_size"], state["num_workers"], done), 0
-            else:
-                epoch, done = epoch + 1, 0
-        self._resume = (epoch, done, origin)
+        self._resume = state.restore(ds, self.num_workers, saved)
+        epoch, _, origin = self._resume
         self._asked = epoch
-        length = self.pass_length()
-        if done > length:
-            raise LoaderStateError(f"the loader state is {done} batches into an epoch of {length}")
-        if done == length:
-            self._resume = (epoch + 1, 0, None)
-            self._asked = epoch + 1
         self.elastic_report = None
-        if self._resume[2] is not None:
-            origin = self._resume[2]
-            self.elastic_report = _report(ds.elastic_plan(epoch, origin, self.num_workers), ds.config.patches_per_image)
+        if origin is not None:
+            self.elastic_report = r = state.report(ds.elastic_plan(epoch, origin, self.num_workers), ds.config.patches_per_image)
             log.debug(
                 "elastic resume of epoch %d: %d patches of %d images (%d partly consumed) left by %d x %d slots, "
                 "re-planned over %d x %d: %d per slot, %d dropped",
                 epoch,
-                self.elastic_report["patches"],
-                self.elastic_report["images"],
-                self.elastic_report["partial_images"],
+                r["patches"],
+                r["images"],
+                r["partial_images"],
                 origin[0],
                 max(1, origin[1]),
                 ds.world.size,
                 max(1, self.num_workers),
-                self.elastic_report["per_slot"],
-                self.elastic_report["dropped"],
+                r["per_slot"],
+                r["dropped"],
             )
-
-
-def _report(plan: Any, k: int) -> dict[str, int]:
-    """Counts of an elastic re-plan: remaining patches and images, images partly consumed, dropped patches."""
-    import numpy as np
-
-    if not len(plan.items):
-        return {"patches": 0, "images": 0, "partial_images": 0, "per_slot": 0, "dropped": 0}
-    ids = plan.items[:, 0] * (1 << 40) + plan.items[:, 1] // k
-    _, counts = np.unique(ids, return_counts=True)
-    return {
-        "patches": int(len(plan.items)),
-        "images": int(len(counts)),
-        "partial_images": int((counts < k).sum()),
-        "per_slot": int(plan.per_slot),
-        "dropped": int(plan.dropped),
-    }
 
 
 def make_loader(
@@ -343,7 +207,7 @@ def make_loader(
             prefetch_factor = default_prefetch(dataset, batch_bytes)
         elif prefetch_factor < 1:
             raise ValueError(f"prefetch_factor must be >= 1, got {prefetch_factor}")
-        extra = {"prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers, "worker_init_fn": _worker_init}
+        extra = {"prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers, "worker_init_fn": worker_init}
         if train and shared_slots:
             # slots: the batches a worker may have in flight, plus those the trainer still holds (lent,
             # unpinned: the current one and the one before it while the next is fetched) and one spare
@@ -378,10 +242,6 @@ def default_prefetch(ds: SRDataset, batch_bytes: int | None = None) -> int:
 def sample_meta(ds: SRDataset) -> dict[str, Any]:
     """``{key}.json`` of the first readable sample (channels, bit depth); the largest batch's
     values (3 channels, 16 bit) if none of the first shards can be read here."""
-    import json
-
-    from wdsr.pipeline.plan import Span
-
     for i in range(min(8, len(ds.manifest.shards))):
         try:
             raw = next(ds.reader.span(Span(i, 0, 1), frozenset({"json"}), fill_cache=False), None)

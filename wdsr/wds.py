@@ -29,7 +29,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from shardmaker.format import headers
+from shardmaker import format as fmt
 from wdsr.errors import SampleError
 from wdsr.pipeline.batch import collate
 from wdsr.pipeline.decode import DecodedPair, Verify, check_digests, decode_members
@@ -52,7 +52,7 @@ def decode_pair(
     hr: str | None = None,
     lr: str | None = None,
     verify: bool = True,
-    max_pixels: int = headers.DEFAULT_MAX_PIXELS,
+    max_pixels: int = fmt.DEFAULT_MAX_PIXELS,
 ) -> Callable[[dict[str, Any]], DecodedPair]:
     """A ``wds.map`` function: a sample dict -> the decoded, aligned pair.
 

@@ -2,7 +2,7 @@
 
 Everything read from a dataset passes through here and trusts nothing it reads:
 
-* :mod:`.manifest` -- ``manifest.json`` checked against the schema (types, ranges, shard names
+* :mod:`.manifest` (+ :mod:`.schema`, :mod:`.columns`) -- ``manifest.json`` checked against the schema (types, ranges, shard names
   that are one file name, unique keys, 64-hex sha256, offsets and sizes consistent); a shard's
   location is always ``dataset + "/" + name`` (:func:`shard_path`). Failures are
   :class:`ManifestError` (where, field, reason).
@@ -15,25 +15,27 @@ Readers turn these into ``wdsr.SampleError`` (shard, key, reason); messages neve
 """
 
 from shardmaker.format.headers import DEFAULT_MAX_PIXELS, HeaderError, ImageHeader, check_pair, image_header
-from shardmaker.format.manifest import (
+from shardmaker.format.manifest import Manifest, ShardInfo, load, parse
+from shardmaker.format.schema import (
     FORMAT,
+    JSON_MEMBER,
     MANIFEST,
-    Manifest,
     ManifestError,
-    ShardInfo,
     check_shard_name,
-    load,
+    hr_member,
+    lr_member,
     pair_fits,
-    parse,
+    probe_file,
     shard_path,
 )
-from shardmaker.format.tario import TarFormatError, iter_members, iter_samples, split_name
+from shardmaker.format.tario import TarFormatError, iter_entries, iter_members, iter_samples, split_name
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
     "FORMAT",
     "HeaderError",
     "ImageHeader",
+    "JSON_MEMBER",
     "MANIFEST",
     "Manifest",
     "ManifestError",
@@ -41,12 +43,16 @@ __all__ = [
     "TarFormatError",
     "check_pair",
     "check_shard_name",
+    "hr_member",
     "image_header",
+    "iter_entries",
     "iter_members",
     "iter_samples",
     "load",
+    "lr_member",
     "pair_fits",
     "parse",
+    "probe_file",
     "shard_path",
     "split_name",
 ]

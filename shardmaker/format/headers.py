@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from shardmaker.format.manifest import pair_fits
+from shardmaker.format.schema import pair_fits
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 QOI_MAGIC = b"qoif"

@@ -1,4 +1,7 @@
-"""The ``manifest.json`` of a shard set (format ``wdsr-shards/1``): the dataset's commit marker."""
+"""The ``manifest.json`` of a shard set (format ``wdsr-shards/1``): the dataset's commit marker.
+
+The schema's rules are in :mod:`.schema`, the compact columns in :mod:`.columns`; both are
+re-exported here."""
 
 from __future__ import annotations
 
@@ -6,240 +9,87 @@ import builtins
 import dataclasses
 import hashlib
 import json
-import re
-from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from shardmaker import storage
-from shardmaker.errors import ShardmakerError
+from shardmaker.format.columns import KeyColumn, MemberColumns, MemberNames
+from shardmaker.format.schema import (
+    BLOCK,
+    CODECS,
+    FORMAT,
+    INDEX_KEY,
+    JSON_MEMBER,
+    KEY,
+    LR_METHODS,
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    MAX_SAMPLES,
+    MAX_SHARD_BYTES,
+    MAX_SIDE,
+    MEMBER_CODECS,
+    MEMBER_NAME,
+    PROBE_BYTES,
+    SHA256,
+    SHARD_NAME,
+    XXH3,
+    ManifestError,
+    check_shard_name,
+    codec_of,
+    hr_member,
+    int_field,
+    list_field,
+    lr_member,
+    pair_fits,
+    probe_file,
+    probe_of,
+    sample_members,
+    shard_path,
+    str_field,
+)
 
-FORMAT = "wdsr-shards/1"
-MANIFEST = "manifest.json"
-
-
-def pair_fits(hr_hw: tuple[int, int], lr_hw: tuple[int, int], scale: int) -> bool:
-    """The format's pairing rule: HR sides are s x LR plus less than s (the mod-crop remainder)."""
-    (h, w), (lh, lw) = hr_hw, lr_hw
-    return 0 <= h - scale * lh < scale and 0 <= w - scale * lw < scale
-
-
-class ManifestError(ShardmakerError, ValueError):
-    """A manifest that is missing, unreadable or breaks the schema: ``where`` (URL or path),
-    ``field`` (e.g. ``shards[3].offsets``) and ``reason``. Messages never quote the file's bytes."""
-
-    def __init__(self, where: str, field: str | None = None, reason: str | None = None) -> None:
-        if reason is None:
-            msg = where
-        else:
-            msg = f"{where}: {field}: {reason}" if field else f"{where}: {reason}"
-        super().__init__(msg)
-        self.where, self.field, self.reason = where, field, reason
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return (type(self), (self.where, self.field, self.reason))
-
-
-# ---- the schema ---------------------------------------------------------------------------------
-CODECS = ("png", "qoi")
-LR_METHODS = ("matlab", "matlab-uint8", "provided")
-MAX_SIDE = 1 << 20  # pixels per image side
-MAX_SHARD_BYTES = 1 << 46
-MAX_SAMPLES = 1 << 24  # per shard
-MAX_MANIFEST_BYTES = 1 << 30
-# A shard name: one path component, no "..", no leading dot; the shard URL is always dataset + "/" + name.
-SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,250}\.tar")
-# A key: the source's relative path without extension, dots replaced by "_": "/"-separated
-# segments without dots, control characters or empty segments.
-KEY = re.compile(r"[^\x00-\x1f\x7f./]{1,255}(/[^\x00-\x1f\x7f./]{1,255}){0,31}")
-SHA256 = re.compile(r"[0-9a-f]{64}")
-# Indexes of foreign shards (``shardmaker index``): keys as the other tool wrote them, dots allowed
-# (no "." or ".." segment); member names like "hr.png", "jpg", "x4.jpg"; digests of the member data.
-INDEX_KEY = re.compile(r"[^\x00-\x1f\x7f/]{1,255}(/[^\x00-\x1f\x7f/]{1,255}){0,31}")
-MEMBER_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}(\.[A-Za-z0-9_-]{1,32}){0,3}")
-MEMBER_CODECS = ("png", "qoi", "jpg", "jpeg", "webp")
-XXH3 = re.compile(r"[0-9a-f]{16}")
-
-
-PROBE_BYTES = 1 << 20
-BLOCK = 512  # tar block
-JSON_MEMBER = "json"
-
-
-def hr_member(codec: str) -> str:
-    """A sample's HR member suffix (``{key}.hr.png``)."""
-    return f"hr.{codec}"
-
-
-def lr_member(scale: int, codec: str) -> str:
-    """A sample's LR member suffix for one scale (``{key}.lr_x4.png``)."""
-    return f"lr_x{scale}.{codec}"
-
-
-def sample_members(codec: str, scales: list[int] | tuple[int, ...]) -> list[str]:
-    """Every member suffix of a sample, in the order the format writes them."""
-    return [JSON_MEMBER, hr_member(codec)] + [lr_member(s, codec) for s in sorted(scales)]
-
-
-def probe_of(head: bytes | bytearray, tail: bytes | bytearray) -> str:
-    """The shard's probe: sha256 of its first and last MiB. It tells one build's shard from another's
-    for ~1 ms per shard, where the full sha256 (``verify``) reads it all."""
-    return hashlib.sha256(b"wdsr-probe/1\0" + bytes(head) + bytes(tail)).hexdigest()
-
-
-def probe_file(f: Any, size: int) -> str:
-    f.seek(0)
-    head = f.read(min(PROBE_BYTES, size))
-    f.seek(max(0, size - PROBE_BYTES))
-    return probe_of(head, f.read(PROBE_BYTES))
-
-
-def check_shard_name(name: Any, where: str = MANIFEST, field: str = "name") -> str:
-    if not isinstance(name, str) or not SHARD_NAME.fullmatch(name) or ".." in name:
-        raise ManifestError(
-            where,
-            field,
-            "a shard name must be one file name like shard-000000.tar (letters, digits, '_', '-', '.'; no '/', no '..')",
-        )
-    return name
-
-
-def shard_path(root: str, name: str) -> str:
-    """Where shard ``name`` of the dataset at ``root`` is: inside it, whatever the manifest says."""
-    return f"{root.rstrip('/')}/{check_shard_name(name)}"
-
-
-def _int(v: Any, where: str, field: str, lo: int, hi: int) -> int:
-    if type(v) is not int:  # not bool, not float, not a string of digits
-        raise ManifestError(where, field, f"must be an integer, got {type(v).__name__}")
-    if not lo <= v <= hi:
-        raise ManifestError(where, field, f"must be in [{lo}, {hi}], got {v}")
-    return v
-
-
-def _list(v: Any, where: str, field: str, n: int | None = None) -> list:
-    if type(v) is not list:
-        raise ManifestError(where, field, f"must be a list, got {type(v).__name__}")
-    if n is not None and len(v) != n:
-        raise ManifestError(where, field, f"must have {n} entries (one per sample), has {len(v)}")
-    return v
-
-
-def _str(v: Any, where: str, field: str) -> str:
-    if not isinstance(v, str):
-        raise ManifestError(where, field, f"must be a string, got {type(v).__name__}")
-    return v
-
-
-def codec_of(member: str) -> str:
-    """The codec of a member name: its last part (``x4.jpg`` -> ``jpg``)."""
-    return member.rsplit(".", 1)[-1].lower()
-
-
-@dataclasses.dataclass(frozen=True)
-class MemberNames:
-    """The members an index of foreign shards reads: ``{key}.{hr}`` and ``{key}.{lr[s]}`` per scale."""
-
-    hr: str
-    lr: dict[int, str]
-
-    def names(self) -> list[str]:
-        return [self.hr] + [self.lr[s] for s in sorted(self.lr)]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"hr": self.hr, "lr": {str(s): self.lr[s] for s in sorted(self.lr)}}
-
-    @classmethod
-    def from_json(cls, d: Any, where: str = MANIFEST) -> MemberNames:
-        if type(d) is not dict or set(d) != {"hr", "lr"} or type(d["lr"]) is not dict or not d["lr"]:
-            raise ManifestError(where, "members", 'must be {"hr": NAME, "lr": {"SCALE": NAME, ...}}')
-        lr: dict[int, str] = {}
-        for s, name in d["lr"].items():
-            if not (isinstance(s, str) and s.isdigit() and 2 <= int(s) <= 16):
-                raise ManifestError(where, "members.lr", f"scale {s!r} must be a whole number 2..16")
-            lr[int(s)] = name
-        names = [d["hr"], *lr.values()]
-        for name in names:
-            if not isinstance(name, str) or not MEMBER_NAME.fullmatch(name) or codec_of(name) not in MEMBER_CODECS:
-                raise ManifestError(
-                    where,
-                    "members",
-                    f"{name!r} is not a member name like hr.png or x4.jpg (extensions: {', '.join(MEMBER_CODECS)})",
-                )
-        if len(set(names)) != len(names):
-            raise ManifestError(where, "members", "the HR and LR members must have different names")
-        return cls(d["hr"], lr)
-
-
-@dataclasses.dataclass(frozen=True)
-class MemberColumns:
-    """Where one member of every sample of a foreign shard is: its entry's first byte (its header,
-    or the long-name/PAX header before it), the entry's length (headers, data, padding), and the
-    xxh3_64 of its data. Numpy columns, so members may sit anywhere in the shard, in any order."""
-
-    offsets: np.ndarray
-    bytes: np.ndarray
-    xxh3_64: np.ndarray  # uint64
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "offsets": [int(o) for o in self.offsets],
-            "bytes": [int(n) for n in self.bytes],
-            "xxh3_64": [f"{int(d):016x}" for d in self.xxh3_64],
-        }
-
-    @classmethod
-    def from_json(cls, d: Any, where: str, field: str, samples: int, size: int) -> MemberColumns:
-        if type(d) is not dict or set(d) != {"offsets", "bytes", "xxh3_64"}:
-            raise ManifestError(where, field, 'must be {"offsets": [...], "bytes": [...], "xxh3_64": [...]}')
-        offsets = _list(d["offsets"], where, f"{field}.offsets", samples)
-        lengths = _list(d["bytes"], where, f"{field}.bytes", samples)
-        digests = _list(d["xxh3_64"], where, f"{field}.xxh3_64", samples)
-        for i in range(samples):
-            o = _int(offsets[i], where, f"{field}.offsets[{i}]", 0, size - BLOCK)
-            n = _int(lengths[i], where, f"{field}.bytes[{i}]", BLOCK, size)
-            if o % BLOCK or n % BLOCK or o + n > size:
-                raise ManifestError(
-                    where, f"{field}[{i}]", f"a member must lie in whole 512-byte tar blocks inside the shard ({size} bytes)"
-                )
-            if not isinstance(digests[i], str) or not XXH3.fullmatch(digests[i]):
-                raise ManifestError(where, f"{field}.xxh3_64[{i}]", "must be 16 lowercase hex digits")
-        return cls(
-            np.asarray(offsets, dtype=np.uint32 if size < 1 << 32 else np.int64),
-            np.asarray(lengths, dtype=np.uint32 if size < 1 << 32 else np.int64),
-            np.array([int(x, 16) for x in digests], dtype=np.uint64),
-        )
-
-
-class KeyColumn(Sequence[str]):
-    """A shard's sample keys in one fixed-width bytes array (~25 bytes a key instead of ~75 for a
-    Python string): how ``load(compact=True)`` holds a million keys in tens of MB."""
-
-    __slots__ = ("array",)
-
-    def __init__(self, keys: Sequence[str]) -> None:
-        self.array = np.array([k.encode() for k in keys], dtype=bytes) if len(keys) else np.empty(0, dtype="S1")
-
-    def __len__(self) -> int:
-        return len(self.array)
-
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[str]: ...
-    def __getitem__(self, i: int | slice) -> str | list[str]:
-        if isinstance(i, slice):
-            return [b.decode() for b in self.array[i]]
-        return bytes(self.array[i]).decode()
-
-    def __iter__(self) -> Iterator[str]:
-        return (b.decode() for b in self.array)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and list(self) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]
+__all__ = [
+    "BLOCK",
+    "CODECS",
+    "FORMAT",
+    "INDEX_KEY",
+    "JSON_MEMBER",
+    "KEY",
+    "KeyColumn",
+    "LR_METHODS",
+    "MANIFEST",
+    "MAX_MANIFEST_BYTES",
+    "MAX_SAMPLES",
+    "MAX_SHARD_BYTES",
+    "MAX_SIDE",
+    "MEMBER_CODECS",
+    "MEMBER_NAME",
+    "Manifest",
+    "ManifestError",
+    "MemberColumns",
+    "MemberNames",
+    "PROBE_BYTES",
+    "SHA256",
+    "SHARD_NAME",
+    "ShardInfo",
+    "XXH3",
+    "check_shard_name",
+    "codec_of",
+    "hr_member",
+    "int_field",
+    "list_field",
+    "load",
+    "lr_member",
+    "pair_fits",
+    "parse",
+    "probe_file",
+    "probe_of",
+    "sample_members",
+    "shard_path",
+    "str_field",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,13 +149,13 @@ class ShardInfo:
                 raise ManifestError(where, f"{field}.{k}", "missing")
         name = check_shard_name(d["name"], where, f"{field}.name")
         f = f"{field} ({name})"
-        samples = _int(d["samples"], where, f"{f}.samples", 1, MAX_SAMPLES)
-        size = _int(d["bytes"], where, f"{f}.bytes", 1024, MAX_SHARD_BYTES)
-        digest = _str(d["sha256"], where, f"{f}.sha256")
+        samples = int_field(d["samples"], where, f"{f}.samples", 1, MAX_SAMPLES)
+        size = int_field(d["bytes"], where, f"{f}.bytes", 1024, MAX_SHARD_BYTES)
+        digest = str_field(d["sha256"], where, f"{f}.sha256")
         if not SHA256.fullmatch(digest):
             raise ManifestError(where, f"{f}.sha256", "must be 64 lowercase hex digits")
         indexed = "members" in d
-        keys = _list(d["keys"], where, f"{f}.keys", samples)
+        keys = list_field(d["keys"], where, f"{f}.keys", samples)
         for i, k in enumerate(keys):
             if indexed:
                 if not isinstance(k, str) or not INDEX_KEY.fullmatch(k) or any(p in (".", "..") for p in k.split("/")):
@@ -316,20 +166,20 @@ class ShardInfo:
                 raise ManifestError(
                     where, f"{f}.keys[{i}]", "must be a relative path without dots, control characters or empty segments"
                 )
-        offsets = _list(d["offsets"], where, f"{f}.offsets", samples)
+        offsets = list_field(d["offsets"], where, f"{f}.offsets", samples)
         prev = -1
         for i, o in enumerate(offsets):
-            _int(o, where, f"{f}.offsets[{i}]", 0, size - 1)
+            int_field(o, where, f"{f}.offsets[{i}]", 0, size - 1)
             if o % 512 or o <= prev or (i == 0 and o != 0 and not indexed):
                 raise ManifestError(
                     where, f"{f}.offsets[{i}]", "offsets must start at 0, increase, and be multiples of 512 (tar blocks)"
                 )
             prev = o
-        sizes = _list(d["hr_sizes"], where, f"{f}.hr_sizes", samples)
+        sizes = list_field(d["hr_sizes"], where, f"{f}.hr_sizes", samples)
         for i, wh in enumerate(sizes):
-            _list(wh, where, f"{f}.hr_sizes[{i}]", 2)
+            list_field(wh, where, f"{f}.hr_sizes[{i}]", 2)
             for j in (0, 1):
-                _int(wh[j], where, f"{f}.hr_sizes[{i}][{j}]", 1, MAX_SIDE)
+                int_field(wh[j], where, f"{f}.hr_sizes[{i}][{j}]", 1, MAX_SIDE)
         probe = d.get("probe")
         if probe is not None and (not isinstance(probe, str) or not SHA256.fullmatch(probe)):
             raise ManifestError(where, f"{f}.probe", "must be 64 lowercase hex digits")
@@ -419,19 +269,19 @@ class Manifest:
             if k not in d:
                 raise ManifestError(where, k, "missing")
         members = MemberNames.from_json(d["members"], where) if "members" in d else None
-        codec = _str(d["codec"], where, "codec")
+        codec = str_field(d["codec"], where, "codec")
         if members is not None and codec != codec_of(members.hr):
             raise ManifestError(where, "codec", f"must be the HR member's extension, {codec_of(members.hr)!r}")
         if members is None and codec not in CODECS:
             raise ManifestError(where, "codec", f"must be one of {', '.join(CODECS)}")
-        scales = _list(d["scales"], where, "scales")
+        scales = list_field(d["scales"], where, "scales")
         if not scales:
             raise ManifestError(where, "scales", "must not be empty")
         for i, s in enumerate(scales):
-            _int(s, where, f"scales[{i}]", 2, 16)
+            int_field(s, where, f"scales[{i}]", 2, 16)
         if scales != sorted(set(scales)):
             raise ManifestError(where, "scales", "must be increasing, without repeats")
-        lr_method = _str(d["lr_method"], where, "lr_method")
+        lr_method = str_field(d["lr_method"], where, "lr_method")
         if lr_method not in LR_METHODS:
             raise ManifestError(where, "lr_method", f"must be one of {', '.join(LR_METHODS)}")
         if members is not None and (sorted(members.lr) != scales or lr_method != "provided"):
@@ -439,7 +289,7 @@ class Manifest:
         build = d.get("build", {})
         if type(build) is not dict:
             raise ManifestError(where, "build", "must be an object")
-        raw_shards = _list(d["shards"], where, "shards")
+        raw_shards = list_field(d["shards"], where, "shards")
         if not raw_shards and not allow_empty:
             raise ManifestError(where, "shards", "no shards: an empty dataset")
         shards = []

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from shardmaker.format import headers
-from shardmaker.format.manifest import JSON_MEMBER, Manifest, pair_fits
-from shardmaker.imaging import codecs
-from shardmaker.imaging.codecs import ImageDataError
+from shardmaker import format as fmt
+from shardmaker import imaging
+from shardmaker.format import JSON_MEMBER, Manifest, pair_fits
+from shardmaker.imaging import ImageDataError
 from wdsr.errors import SampleError
 from wdsr.pipeline.read import RawSample
 
@@ -95,11 +95,11 @@ def decode_members(
         return SampleError(shard, key, reason)
 
     try:
-        hr = codecs.decode(members[hr_name], hr_name)
+        hr = imaging.decode(members[hr_name], hr_name)
     except ImageDataError as exc:
         raise fail(f"{hr_name}: {exc}") from None
     try:
-        lr = codecs.decode(members[lr_name], lr_name)
+        lr = imaging.decode(members[lr_name], lr_name)
     except ImageDataError as exc:
         raise fail(f"{lr_name}: {exc}") from None
     (h, w), (lh, lw) = hr.shape[:2], lr.shape[:2]
@@ -115,7 +115,7 @@ def decode_pair(
     names: tuple[str, str],
     scale: int,
     verify: Verify = Verify.XXH3,
-    max_pixels: int = headers.DEFAULT_MAX_PIXELS,
+    max_pixels: int = fmt.DEFAULT_MAX_PIXELS,
 ) -> DecodedPair:
     """Check headers (sizes against the manifest, scale, channels, depth, ``max_pixels``) and
     digests, then decode the members ``names`` (HR, LR); every failure is a SampleError naming
@@ -141,10 +141,10 @@ def decode_pair(
         if name not in raw.members:
             raise fail(f"no {name} member (this sample has scales {meta.get('scales')!r})")
     try:
-        hr_head = headers.image_header(raw.members[hr_name], hr_name)
-        lr_head = headers.image_header(raw.members[lr_name], lr_name)
-        headers.check_pair(hr_head, lr_head, scale, raw.hr_size, max_pixels)
-    except headers.HeaderError as exc:
+        hr_head = fmt.image_header(raw.members[hr_name], hr_name)
+        lr_head = fmt.image_header(raw.members[lr_name], lr_name)
+        fmt.check_pair(hr_head, lr_head, scale, raw.hr_size, max_pixels)
+    except fmt.HeaderError as exc:
         raise fail(str(exc)) from None
     if raw.digests is None:
         check_digests(raw.shard, raw.key, raw.members, meta, (hr_name, lr_name), Verify(verify))

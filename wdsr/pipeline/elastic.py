@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from wdsr import seeds
 from wdsr.pipeline.patches import Patch
 from wdsr.pipeline.shuffle import fast_forward
 from wdsr.pipeline.stream import TrainStream
@@ -47,7 +48,7 @@ class ElasticPlan:
         r, w = divmod(old_slot, nw)
         done = max(0, (self.origin[2] - w + nw - 1) // nw)
         total = self.length * self.k
-        rng = np.random.default_rng([self.seed, self.epoch, r, w, 0x5348])
+        rng = seeds.shuffle(self.seed, self.epoch, r, w)
         at = fast_forward(self.shuffle_buffer, rng, total, done * self.batch_size)
         waiting = np.array(at.buffer if at.tail is None else at.tail, dtype=np.int64)
         rest = np.arange(at.next_input, total, dtype=np.int64) if at.tail is None else np.empty(0, np.int64)

@@ -7,7 +7,6 @@ do not depend on world size, worker count or reading order, and any patch is com
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 
 import numpy as np
 
@@ -15,6 +14,7 @@ from shardmaker import compat
 from wdsr.errors import SampleError
 from wdsr.pipeline.augment import N_DIHEDRAL, chw_shape, patch_source, write_chw
 from wdsr.pipeline.decode import DecodedPair
+from wdsr.seeds import patch_base as draw_base  # the stream of one sample's patches in one epoch
 
 
 class Patch:
@@ -85,10 +85,6 @@ class PatchConfig:
             raise ValueError(f"max_tries must be >= 1, got {self.max_tries}")
 
 
-def key_hash(key: str) -> int:
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
-
-
 # Patch draws are a counter-based hash (splitmix64's finaliser) of (seed, epoch, key, j, try, field):
 # any patch's coordinates are computed directly, for a whole run of patches in a few numpy calls.
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -103,13 +99,6 @@ def _mix(z: np.ndarray) -> np.ndarray:
         z = (z ^ (z >> _S30)) * _M1
         z = (z ^ (z >> _S27)) * _M2
     return z ^ (z >> _S31)
-
-
-def draw_base(seed: int, epoch: int, key: str | int) -> np.uint64:
-    """The stream of one sample's patches in one epoch (a key or its ``key_hash``)."""
-    kh = key if isinstance(key, int) else key_hash(key)
-    digest = hashlib.blake2b(f"{seed}:{epoch}:{kh}".encode(), digest_size=8).digest()
-    return np.uint64(int.from_bytes(digest, "little"))
 
 
 def draws(base: np.uint64, js: np.ndarray, tr: int, bounds: tuple[int, int, int]) -> np.ndarray:

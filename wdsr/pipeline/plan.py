@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from wdsr import seeds
+
 
 @dataclasses.dataclass(frozen=True)
 class Span:
@@ -43,13 +45,24 @@ class SampleRef(NamedTuple):
 
 def shard_order(n_shards: int, seed: int, epoch: int) -> np.ndarray:
     """The epoch's shard permutation."""
-    return np.random.default_rng([seed, epoch, 0x5A4D]).permutation(n_shards)
+    return seeds.shard_order(seed, epoch).permutation(n_shards)
 
 
 def slice_length(total: int, slices: int) -> int:
     if total < 1:
         raise ValueError("the dataset has no samples")
     return math.ceil(total / slices)
+
+
+def whole_batches(patches: int, batch_size: int) -> int:
+    """Batches a worker slot yields from ``patches`` patches: whole batches only; the patches left
+    over are never read (the one rule for every count of batches: ``len(loader)``, resume, elastic)."""
+    return patches // batch_size
+
+
+def slot_batches(samples: int, world_size: int, num_workers: int, k: int, batch_size: int) -> int:
+    """Batches per worker slot of an epoch of ``samples`` samples over ``world_size x num_workers`` slots."""
+    return whole_batches(slice_length(samples, world_size * max(1, num_workers)) * k, batch_size)
 
 
 class TrainPlan:
@@ -122,7 +135,7 @@ def mix_segments(sources: Sequence[Sequence[int]], counts: Sequence[int], seed: 
     base = 0
     for i, (sizes, want) in enumerate(zip(sources, counts, strict=True)):
         sz = np.asarray(sizes, dtype=np.int64)
-        order = np.random.default_rng([seed, epoch, i, 0x4D49]).permutation(len(sz))
+        order = seeds.mix_source_order(seed, epoch, i).permutation(len(sz))
         order = order[sz[order] > 0]
         left, rep = int(want), 0
         while left > 0 and len(order):
@@ -135,7 +148,7 @@ def mix_segments(sources: Sequence[Sequence[int]], counts: Sequence[int], seed: 
             rep += 1
         base += len(sz)
     seg = np.array(rows, dtype=np.int64).reshape(-1, 4)
-    return seg[np.random.default_rng([seed, epoch, 0x5345]).permutation(len(seg))]
+    return seg[seeds.mix_segment_order(seed, epoch).permutation(len(seg))]
 
 
 def mix_counts(samples: Sequence[int], weights: Sequence[float] | None, total: int | None = None) -> list[int]:

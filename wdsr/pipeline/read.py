@@ -23,9 +23,8 @@ from typing import Any
 import fsspec
 
 from shardmaker import compat, storage
-from shardmaker.format import manifest as mf
-from shardmaker.format import tario
-from shardmaker.format.manifest import Manifest, ShardInfo
+from shardmaker import format as fmt
+from shardmaker.format import Manifest, ShardInfo
 from wdsr.errors import SampleError
 from wdsr.pipeline.plan import Span
 from wdsr.store import remote
@@ -134,7 +133,7 @@ class ShardReader:
         """
         self._open_fs()
         info = self.manifest.shards[span.shard_index]
-        path = mf.shard_path(self._root, info.name)  # always inside the dataset, whatever the name says
+        path = fmt.shard_path(self._root, info.name)  # always inside the dataset, whatever the name says
         if storage.is_local(self._fs):
             yield from self._file_span(self._fs, path, info, span, wanted)
             return
@@ -219,7 +218,7 @@ class ShardReader:
             version = None
         if version is not None and version in self._probed:
             return
-        if mf.probe_file(f, info.bytes) != info.probe:
+        if fmt.probe_file(f, info.bytes) != info.probe:
             raise SampleError(
                 info.name, None, "shard is not the one the manifest lists (its first/last MiB differ: replaced by another build?)"
             )
@@ -322,7 +321,7 @@ def _indexed_members(
     try:
         for start, f, length, at in chunks:
             f.seek(at)
-            for e in tario.iter_entries(f, limit=length, want=expect.__contains__):
+            for e in fmt.iter_entries(f, limit=length, want=expect.__contains__):
                 member, offset = expect[e.name]
                 if start + e.start != offset:
                     raise SampleError(
@@ -331,7 +330,7 @@ def _indexed_members(
                         f"member {e.name!r} is at byte {start + e.start}, the index says {offset} (shard changed?)",
                     )
                 out[member] = e.data
-    except tario.TarFormatError as exc:
+    except fmt.TarFormatError as exc:
         raise SampleError(info.name, key, f"bad tar data ({exc})") from None
     for name, (member, offset) in expect.items():
         if member not in out:
@@ -361,11 +360,11 @@ def _members(f: Any, length: int, shard: str, key: str, wanted: frozenset[str]) 
     """The wanted members of the sample that starts at ``f``'s position and spans ``length`` bytes."""
     out: dict[str, bytes | memoryview] = {}
     try:
-        for found, _, members in tario.iter_samples(f, limit=length, want=wanted.__contains__):
+        for found, _, members in fmt.iter_samples(f, limit=length, want=wanted.__contains__):
             if found != key:
                 raise SampleError(shard, key, f"found sample {found!r} where the manifest puts sample {key!r}")
             out = members
-    except tario.TarFormatError as exc:
+    except fmt.TarFormatError as exc:
         raise SampleError(shard, key, f"bad tar data ({exc})") from None
     return out
 

@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from shardmaker.format.manifest import ShardInfo
+from shardmaker.format import ShardInfo
 
 log = logging.getLogger("wdsr")
 _PARTIAL = ".partial"

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from shardmaker.format.manifest import ShardInfo
+from shardmaker.format import ShardInfo
 
 log = logging.getLogger("wdsr")
 SUBDIR = "wdsr-decoded-cache"

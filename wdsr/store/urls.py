@@ -18,8 +18,8 @@ from typing import Any
 
 from braceexpand import braceexpand
 
+from shardmaker import format as fmt
 from shardmaker import storage
-from shardmaker.format import manifest as mf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +64,7 @@ def resolve(spec: str | Sequence[str], manifest: str | None = None) -> Resolved:
             if folder.rstrip("/") != spec.rstrip("/"):
                 raise ValueError(f"manifest={manifest!r} is not in the dataset folder {spec!r}")
             return Resolved(folder, name, None)
-        return Resolved(spec, mf.MANIFEST, None)
+        return Resolved(spec, fmt.MANIFEST, None)
     urls = list(braceexpand(spec)) if isinstance(spec, str) else [u for item in spec for u in braceexpand(item)]
     if not urls:
         raise ValueError("no shard URLs given")
@@ -76,14 +76,14 @@ def resolve(spec: str | Sequence[str], manifest: str | None = None) -> Resolved:
     if manifest is not None:
         folder, name = _split(manifest)
     else:
-        name = mf.MANIFEST
+        name = fmt.MANIFEST
     for url, f in zip(urls, folders, strict=True):
         if f.rstrip("/") != folder.rstrip("/"):
             raise ValueError(f"{url}: not in {folder}, the folder of the manifest; a dataset's shards live beside its manifest")
     return Resolved(folder, name, tuple(names))
 
 
-def select(m: mf.Manifest, r: Resolved, storage_options: dict[str, Any] | None = None) -> mf.Manifest:
+def select(m: fmt.Manifest, r: Resolved, storage_options: dict[str, Any] | None = None) -> fmt.Manifest:
     """The manifest cut down to the chosen shards (manifest order); a URL the manifest does not list
     or that is not there is named."""
     if r.shards is None:

@@ -19,12 +19,13 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from shardmaker import compat
-from shardmaker.format import manifest as mf
+from shardmaker import format as fmt
 from wdsr.dataset import SRDataset
-from wdsr.loader import _worker_init, make_loader
+from wdsr.loader import make_loader
 from wdsr.pipeline.decode import Verify, decode_pair, wanted_members
 from wdsr.pipeline.plan import Span
 from wdsr.pipeline.read import ShardReader
+from wdsr.pipeline.worker import worker_init
 
 
 @dataclasses.dataclass
@@ -162,7 +163,7 @@ class NaiveDataset(Dataset):
         enlarge: int = 100,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
-        self.manifest = mf.load(url, storage_options)
+        self.manifest = fmt.load(url, storage_options)
         self.reader = ShardReader(url, self.manifest, storage_options)
         self.index = [(s, i) for s, sh in enumerate(self.manifest.shards) for i in range(sh.samples)]
         self.scale, self.patch_size, self.decoder, self.enlarge = scale, patch_size, decoder, enlarge
@@ -203,7 +204,7 @@ def bench_naive(
     storage_options: dict[str, Any] | None = None,
 ) -> BenchResult:
     ds = NaiveDataset(url, scale, patch_size, decoder, storage_options=storage_options)
-    extra: dict[str, Any] = {"persistent_workers": True, "worker_init_fn": _worker_init} if workers else {}
+    extra: dict[str, Any] = {"persistent_workers": True, "worker_init_fn": worker_init} if workers else {}
     loader = DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers, drop_last=True, **extra)
     warm = max(1, workers)
     n, t0 = 0, None

@@ -9,7 +9,7 @@ import signal
 import sys
 from typing import Any
 
-from shardmaker.cli import OneLineParser, parse_args
+from shardmaker.clikit import OneLineParser, parse_args, parse_size
 from wdsr.train.config import DEFAULT_STEPS
 
 
@@ -50,14 +50,16 @@ def _parser() -> argparse.ArgumentParser:
         help="remote: our resilient range reads (default) or an fsspec file with its read-ahead block cache",
     )
     b.add_argument("--cache-dir", help="remote: keep whole shards in this local folder (LRU); the table shows the hit rate")
-    b.add_argument("--cache-limit", type=float, help="remote: cache size limit in GB (default: no limit)")
+    b.add_argument("--cache-limit", type=_gb, metavar="SIZE", help="remote: cache size limit (20GB, 500MiB; a bare number is GB)")
     b.add_argument(
         "--decoded-cache",
         metavar="DIR",
         help="node-wide decoded-pair cache (e.g. /dev/shm/wdsr); it is filled first (one decode per image), "
         "then the measured run cuts patches from it",
     )
-    b.add_argument("--decoded-cache-limit", type=float, metavar="GB", help="decoded cache limit in GB (default: all)")
+    b.add_argument(
+        "--decoded-cache-limit", type=_gb, metavar="SIZE", help="decoded cache limit (20GB; a bare number is GB; default: all)"
+    )
     b.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     v = sub.add_parser(
         "preview",
@@ -145,7 +147,10 @@ def _train_parser(sub: Any) -> None:
         "epochs after the first cut patches without decoding (batches are the same)",
     )
     t.add_argument(
-        "--decoded-cache-limit", type=float, metavar="GB", help="at most this many GB of decoded pairs (a fixed subset)"
+        "--decoded-cache-limit",
+        type=_gb,
+        metavar="SIZE",
+        help="at most this much of decoded pairs (20GB; a bare number is GB; a fixed subset)",
     )
     t.add_argument("--log-dir", help="where metrics.jsonl and TensorBoard files are written when --out is remote")
     t.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files (OUT/tb)")
@@ -156,6 +161,10 @@ def _train_parser(sub: Any) -> None:
         help="check settings, data (manifest, scale) and --out, then exit: "
         "0 if training could start, 2 with the reason (a pre-flight step before torchrun)",
     )
+
+
+def _gb(text: str) -> int:
+    return parse_size(text, unit="GB")
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -176,13 +185,13 @@ def _bench(args: argparse.Namespace) -> int:
         read_ahead=args.read_ahead,
         fetch=args.fetch,
         cache_dir=args.cache_dir,
-        cache_limit=int(args.cache_limit * 1e9) if args.cache_limit else None,
+        cache_limit=args.cache_limit,
     )
     if args.decoded_cache:
         from wdsr.tools.bench import fill_decoded_cache
 
         read["decoded_cache"] = args.decoded_cache
-        read["decoded_cache_limit"] = int(args.decoded_cache_limit * 1e9) if args.decoded_cache_limit else None
+        read["decoded_cache_limit"] = args.decoded_cache_limit
         n, seconds = fill_decoded_cache(args.url, args.scale, args.decoded_cache, read["decoded_cache_limit"], args.workers)
         print(f"decoded cache {args.decoded_cache}: {n} pairs written in {seconds:.1f} s")
     stream = dict(patches_per_image=args.patches_per_image, verify=args.verify, shuffle_buffer=args.shuffle_buffer, **read, **kw)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shardmaker.imaging.resize import ResizeMethod, upscale
+from shardmaker.imaging import ResizeMethod, upscale
 from wdsr.dataset import SRDataset
 from wdsr.loader import make_loader
 from wdsr.metrics import psnr_y, ssim_y

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardmaker.imaging import codecs
-from shardmaker.imaging.codecs import Codec
+from shardmaker import imaging
+from shardmaker.imaging import Codec
 from wdsr.dataset import SRDataset
 
 
@@ -40,4 +40,4 @@ def write_png(path: str, img: np.ndarray) -> None:
     import fsspec
 
     with fsspec.open(path, "wb") as f:
-        f.write(codecs.encode(img, Codec.PNG, 6))
+        f.write(imaging.encode(img, Codec.PNG, 6))

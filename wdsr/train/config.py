@@ -1,7 +1,10 @@
 """``wdsr train`` settings: one frozen dataclass, filled from a YAML/JSON file and then the flags.
 
 Config file keys are the flag names (``patch-size`` or ``patch_size``; ``k`` for
-``patches_per_image``); flags given on the command line override the file.
+``patches_per_image``); flags given on the command line override the file. What the train set
+streams is a :class:`wdsr.DatasetConfig` (``cfg.dataset``): its options are set by the same flat
+keys (``patch_size``, ``shuffle_buffer``, ``on_error``, ``decoded_cache_limit``, ...), or under a
+``dataset:`` mapping in the file; sizes take units (``20GB``; a bare number is GB).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from shardmaker.clikit import parse_size
+from wdsr.config import DatasetConfig
 from wdsr.train.models import ModelName
 
 
@@ -40,14 +45,10 @@ DEFAULT_STEPS = 100_000
 class TrainConfig:
     data: str
     out: str
+    dataset: DatasetConfig = dataclasses.field(default_factory=DatasetConfig)  # the train set's options
     val_data: str | None = None
     model: ModelName = ModelName.EDSR_BASELINE
-    scale: int = 4
-    patch_size: int = 192
-    patches_per_image: int = 16
-    batch_size: int = 16
     workers: int = 8
-    shuffle_buffer: int = 1024
     steps: int | None = None
     epochs: int | None = None
     lr: float = 2e-4
@@ -60,44 +61,92 @@ class TrainConfig:
     log_every: int = 50
     ckpt_every: int = 1000
     keep_ckpts: int = 3
-    seed: int = 0
     resume: bool = False
     check: bool = False  # validate settings, data and --out, then stop (a pre-flight init container)
     tensorboard: bool = False
     log_dir: str | None = None
-    on_error: str = "fail"
-    cache_dir: str | None = None
-    decoded_cache: str | None = None  # node-wide decoded pairs, e.g. /dev/shm/wdsr (wdsr.store.decoded)
-    decoded_cache_limit: float | None = None  # GB
     device: Device = Device.AUTO
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            object.__setattr__(self, f.name, _coerce(f.name, f.type, getattr(self, f.name)))
+            if f.name != "dataset":
+                object.__setattr__(self, f.name, _coerce(f.name, f.type, getattr(self, f.name)))
+        if not isinstance(self.dataset, DatasetConfig):
+            raise TypeError(f"dataset must be a wdsr.DatasetConfig, got {type(self.dataset).__name__}")
         if self.steps is not None and self.epochs is not None:
             raise ValueError("give --steps or --epochs, not both")
         if self.steps is None and self.epochs is None:
             object.__setattr__(self, "steps", DEFAULT_STEPS)
-        positive = ["scale", "patch_size", "patches_per_image", "batch_size", "log_every", "lr_step"]
+        positive = ["log_every", "lr_step"]
         for name in positive + [n for n in ("steps", "epochs", "val_tile") if getattr(self, n) is not None]:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("workers", "val_every", "ckpt_every", "keep_ckpts", "shuffle_buffer"):
+        for name in ("workers", "val_every", "ckpt_every", "keep_ckpts"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if self.scale < 2:
-            raise ValueError(f"--scale must be >= 2, got {self.scale}")
-        if self.patch_size % self.scale:
-            raise ValueError(f"--patch-size {self.patch_size} is not a multiple of --scale {self.scale}")
         if not self.lr > 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
-        if self.on_error not in ("fail", "skip"):
-            raise ValueError(f"--on-error must be fail or skip, got {self.on_error!r}")
+        if self.dataset.split.value != "train":
+            raise ValueError("the train set's DatasetConfig must have split='train' (--val-data is the val set)")
 
     @property
     def dict(self) -> dict[str, Any]:
-        """JSON-able settings (as stored in run.json and checkpoints)."""
-        return {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in dataclasses.asdict(self).items()}
+        """JSON-able settings, flat (as stored in run.json and checkpoints): the train settings, then
+        the train set's options under their own names."""
+        out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "dataset"}
+        return {**out, **{name: _plain(getattr(self.dataset, name)) for name in DATASET_KEYS}}
+
+
+# the DatasetConfig options a train config sets (the val set's tiles are val_tile; split is implied)
+DATASET_KEYS = tuple(f.name for f in dataclasses.fields(DatasetConfig) if f.name not in ("split", "tile", "return_keys"))
+_SIZES = ("cache_limit", "decoded_cache_limit")  # bytes, given with units (a bare number is GB)
+
+
+def _check_flags(opts: dict[str, Any]) -> None:
+    """The train set's numbers in the flags' own words, before DatasetConfig checks them its way."""
+    defaults = DatasetConfig()
+    get = {name: opts.get(name, getattr(defaults, name)) for name in ("scale", "patch_size", "patches_per_image", "batch_size")}
+    for name, value in get.items():
+        if value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if opts.get("shuffle_buffer", 0) < 0:
+        raise ValueError(f"--shuffle-buffer must be >= 0, got {opts['shuffle_buffer']}")
+    if get["scale"] < 2:
+        raise ValueError(f"--scale must be >= 2, got {get['scale']}")
+    if get["patch_size"] % get["scale"]:
+        raise ValueError(f"--patch-size {get['patch_size']} is not a multiple of --scale {get['scale']}")
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, enum.Enum):
+        return v.value
+    return dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
+
+
+def dataset_config(settings: dict[str, Any], where: str) -> DatasetConfig:
+    """The train set's options from flat settings (already split from the train ones)."""
+    opts: dict[str, Any] = {}
+    types = {f.name: f.type for f in dataclasses.fields(DatasetConfig)}
+    for name, value in settings.items():
+        if value is None and name not in ("min_patch_std", "cache_dir", "cache_limit", "decoded_cache", "decoded_cache_limit"):
+            continue  # a flag left unset: the DatasetConfig default
+        if name in _SIZES and value is not None:
+            try:
+                value = parse_size(value, unit="GB")
+            except Exception as exc:  # argparse.ArgumentTypeError: one clear line
+                raise ValueError(f"{where}: {name}: {exc}") from None
+        elif name == "retry" and isinstance(value, dict):
+            from wdsr.store.remote import Retry
+
+            value = Retry(**value)
+        elif str(types[name]) in _TYPES or str(types[name]).replace(" | None", "") in _TYPES:
+            value = _coerce(name, types[name], value)
+        opts[name] = value
+    _check_flags(opts)
+    try:
+        return DatasetConfig(**opts)
+    except TypeError as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 _TYPES: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str}
@@ -148,7 +197,10 @@ _FLAGS_ONLY = {"resume", "check"}  # what to do with the run, not how to train i
 
 
 def normalise_keys(d: dict[str, Any], where: str) -> dict[str, Any]:
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    known = ({f.name for f in dataclasses.fields(TrainConfig)} | set(DATASET_KEYS)) - {"dataset"}
+    nested = d.get("dataset")
+    if isinstance(nested, dict):  # a ``dataset:`` mapping in a config file: the same keys, one level down
+        d = {**{k: v for k, v in d.items() if k != "dataset"}, **nested}
     out = {}
     for key, value in d.items():
         name = _ALIASES.get(str(key), str(key).replace("-", "_"))
@@ -191,4 +243,5 @@ def make_config(flags: dict[str, Any]) -> TrainConfig:
     for required in ("data", "out"):
         if not merged.get(required):
             raise ValueError(f"--{required} is required (on the command line or in --config)")
-    return TrainConfig(**merged)
+    data = {k: merged.pop(k) for k in list(merged) if k in DATASET_KEYS}
+    return TrainConfig(**merged, dataset=dataset_config(data, "--config" if path else "flags"))

@@ -71,23 +71,12 @@ class Ctx:
 
 def open_data(cfg: TrainConfig) -> tuple[SRDataset, SRDataset | None]:
     """The train (and val) datasets; every bad-input error surfaces here, before workers start."""
-    train = SRDataset(
-        cfg.data,
-        scale=cfg.scale,
-        patch_size=cfg.patch_size,
-        patches_per_image=cfg.patches_per_image,
-        batch_size=cfg.batch_size,
-        shuffle_buffer=cfg.shuffle_buffer,
-        seed=cfg.seed,
-        on_error=cfg.on_error,
-        cache_dir=cfg.cache_dir,
-        decoded_cache=cfg.decoded_cache,
-        decoded_cache_limit=int(cfg.decoded_cache_limit * 1e9) if cfg.decoded_cache_limit else None,
-    )
+    train = SRDataset(cfg.data, config=cfg.dataset)
     train.check_batches(cfg.workers)
     val = None
     if cfg.val_data and cfg.val_every:
-        val = SRDataset(cfg.val_data, scale=cfg.scale, split="val", tile=cfg.val_tile, on_error=cfg.on_error)
+        d = cfg.dataset
+        val = SRDataset(cfg.val_data, scale=d.scale, split="val", tile=cfg.val_tile, on_error=d.on_error, verify=d.verify)
     return train, val
 
 
@@ -188,7 +177,10 @@ def train(cfg: TrainConfig) -> int:
         )
     if cfg.check:
         at = f"resume at step {resume_state['step']}" if resume_state is not None else "start at step 0"
-        print(f"wdsr train --check: OK: {train_ds.manifest.samples} samples x{cfg.scale} in {cfg.data}; {cfg.out} would {at}")
+        print(
+            f"wdsr train --check: OK: {train_ds.manifest.samples} samples x{cfg.dataset.scale} in {cfg.data}; "
+            f"{cfg.out} would {at}"
+        )
         return 0
     ctx = _setup(cfg)
     stop = StopFlag()
@@ -208,6 +200,80 @@ def _check_resume(state: dict[str, Any], cfg: TrainConfig, run: RunDir) -> None:
             raise RunError(f"--resume: {run.url} was trained with {key}={saved.get(key)!r}, not {cfg.dict[key]!r}")
 
 
+@dataclasses.dataclass
+class _Model:
+    """What a step changes, and what a checkpoint saves with the data position."""
+
+    model: nn.Module
+    run_model: nn.Module  # the model, or its DDP wrapper
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+    amp_dtype: torch.dtype | None
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, float]:
+        """One optimisation step on a batch; its loss (on the device) and the learning rate it used."""
+        with torch.autocast(device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None):
+            out = self.run_model(x)
+        loss = nn.functional.l1_loss(out.float(), y)
+        self.opt.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        step_lr = float(self.sched.get_last_lr()[0])
+        self.sched.step()
+        return loss.detach(), step_lr
+
+
+def _build_model(cfg: TrainConfig, ctx: Ctx, channels: int, total: int, state: dict[str, Any] | None) -> _Model:
+    torch.manual_seed(cfg.dataset.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
+    model = build_model(cfg.model, cfg.dataset.scale, channels).to(ctx.device)
+    if ctx.device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs lack it
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(cfg, total))
+    amp_dtype, use_scaler = amp_setting(cfg.amp, ctx.device)
+    scaler = torch.amp.GradScaler(ctx.device.type, enabled=use_scaler)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        scaler.load_state_dict(state["scaler"])
+        torch.set_rng_state(state["rng"]["torch"])
+    run_model: nn.Module = model
+    if ctx.world > 1:
+        ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        run_model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    return _Model(model, run_model, opt, sched, scaler, amp_dtype)
+
+
+def _checkpoint(
+    cfg: TrainConfig, ctx: Ctx, run: RunDir, m: _Model, loader: SRLoader, step: int, metrics: MetricsLog | None
+) -> None:
+    """Rank 0 writes; the epoch recorded is the one to continue (a finished epoch counts as the next)."""
+    if ctx.rank != 0:
+        return
+    at = loader.state_dict()  # the data position, which also knows a re-planned (elastic) epoch
+    state = {
+        "format": FORMAT,
+        "step": step,
+        "epoch": at["epoch"],
+        "epoch_batches": at["batches"],
+        "loader": at,  # the exact data position (wdsr-loader/1)
+        "world_size": ctx.world,
+        "model": m.model.state_dict(),
+        "optimizer": m.opt.state_dict(),
+        "scheduler": m.sched.state_dict(),
+        "scaler": m.scaler.state_dict(),
+        "rng": {"torch": torch.get_rng_state()},
+        "config": cfg.dict,
+    }
+    where = run.save(state, step, cfg.keep_ckpts)
+    assert metrics is not None
+    metrics.sync()
+    log.info("checkpoint: %s", where)
+
+
 def _loop(
     cfg: TrainConfig,
     ctx: Ctx,
@@ -217,152 +283,91 @@ def _loop(
     state: dict[str, Any] | None,
     stop: StopFlag,
 ) -> int:
-    meta = sample_meta(train_ds)
-    channels = int(meta.get("channels", 3))
-    torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
-    model = build_model(cfg.model, cfg.scale, channels).to(ctx.device)
-    if ctx.device.type == "cuda":
-        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs lack it
+    channels = int(sample_meta(train_ds).get("channels", 3))
     loader = make_loader(train_ds, num_workers=cfg.workers, pin_memory=ctx.device.type == "cuda")
-    per_epoch = len(loader)
-    total = cfg.steps if cfg.steps is not None else (cfg.epochs or 1) * per_epoch
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(cfg, total))
-    amp_dtype, use_scaler = amp_setting(cfg.amp, ctx.device)
-    scaler = torch.amp.GradScaler(ctx.device.type, enabled=use_scaler)
-    step, epoch = 0, 0
+    total = cfg.steps if cfg.steps is not None else (cfg.epochs or 1) * len(loader)
+    m = _build_model(cfg, ctx, channels, total, state)
+    step = int(state["step"]) if state is not None else 0
     if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        torch.set_rng_state(state["rng"]["torch"])
-        step, epoch = int(state["step"]), int(state["epoch"])
-        epoch = _resume_data(loader, state, step, epoch, ctx.rank)
-    run_model: nn.Module = model
-    if ctx.world > 1:
-        ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        run_model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        _resume_data(loader, state, step, ctx.rank)  # the loader now knows the epoch and batch to continue at
     metrics: MetricsLog | None = None
     if ctx.rank == 0:
         run.start(cfg.dict)
         metrics = MetricsLog(run, cfg)
+        amp = {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[m.amp_dtype]
         log.info(
             "training %s x%d on %s: %d batches/epoch/rank, %d ranks, %d steps, amp %s, device %s",
-            cfg.model.value,
-            cfg.scale,
-            cfg.data,
-            per_epoch,
-            ctx.world,
-            total,
-            {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp_dtype],
-            ctx.device,
+            *(cfg.model.value, cfg.dataset.scale, cfg.data, len(loader), ctx.world, total, amp, ctx.device),
         )
     bar = _progress(ctx, total, step)
-
-    def checkpoint(batches: int) -> None:
-        """Rank 0 writes; the epoch recorded is the one to continue (a finished epoch counts as the next)."""
-        if ctx.rank == 0:
-            at = loader.state_dict()  # the data position, which also knows a re-planned (elastic) epoch
-            ep, done = at["epoch"], at["batches"]
-            state = {
-                "format": FORMAT,
-                "step": step,
-                "epoch": ep,
-                "epoch_batches": done,
-                "loader": at,  # the exact data position (wdsr-loader/1)
-                "world_size": ctx.world,
-                "model": model.state_dict(),
-                "optimizer": opt.state_dict(),
-                "scheduler": sched.state_dict(),
-                "scaler": scaler.state_dict(),
-                "rng": {"torch": torch.get_rng_state()},
-                "config": cfg.dict,
-            }
-            where = run.save(state, step, cfg.keep_ckpts)
-            assert metrics is not None
-            metrics.sync()
-            log.info("checkpoint: %s", where)
-
     win = _Window(time.perf_counter(), 0.0, 0, torch.zeros((), device=ctx.device))
     last_ckpt = step if state is not None else -1
     stopped = False
-    batches = 0
     while step < total and not stopped:
-        train_ds.set_epoch(epoch)
-        it = iter(loader)
-        batches = loader.position  # 0, or where a resumed epoch continues
-        ended = False
+        it = iter(loader)  # the loader owns the epoch: the resumed one first, then one more per pass
+        epoch = loader.epoch
         while step < total:
             t0 = time.perf_counter()
             item = next(it, None)
             if item is None:
-                ended = True
                 break
             win.wait += time.perf_counter() - t0
-            lr_b, hr_b = item[0], item[1]
-            x = to_float(lr_b.to(ctx.device, non_blocking=True))
-            y = to_float(hr_b.to(ctx.device, non_blocking=True))
+            x = to_float(item[0].to(ctx.device, non_blocking=True))
+            y = to_float(item[1].to(ctx.device, non_blocking=True))
             if ctx.device.type == "cuda":
                 x = x.contiguous(memory_format=torch.channels_last)
-            with torch.autocast(ctx.device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                out = run_model(x)
-            loss = nn.functional.l1_loss(out.float(), y)
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            step_lr = float(sched.get_last_lr()[0])  # the rate this step used
-            sched.step()
+            loss, step_lr = m.step(x, y, ctx.device)
             step += 1
-            batches += 1
             win.steps += 1
-            win.loss += loss.detach()  # read at log steps only: no device sync per step
+            win.loss += loss  # read at log steps only: no device sync per step
             stopped = ctx.all_sum([1.0 if stop.requested else 0.0])[0] > 0
             if bar is not None:
                 bar.update(1)
             if step % cfg.log_every == 0 or step == total or stopped:
                 _log_window(cfg, ctx, metrics, bar, win, step, epoch, step_lr)
             if val_ds is not None and step % cfg.val_every == 0:
-                _log_val(cfg, ctx, metrics, bar, validate(model, val_ds, cfg, ctx), step, epoch)
+                _log_val(cfg, ctx, metrics, bar, validate(m.model, val_ds, cfg, ctx), step, epoch)
                 win.t = time.perf_counter()
             if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == total or stopped:
-                checkpoint(batches)
+                _checkpoint(cfg, ctx, run, m, loader, step, metrics)
                 last_ckpt = step
             if stopped:
                 break
         if hasattr(it, "close"):
             it.close()
-        if ended or batches >= loader.pass_length():  # an elastic resume's pass is shorter than an epoch
-            epoch, batches = epoch + 1, 0
     if last_ckpt != step:
-        checkpoint(batches)
-    digests = [weights_digest(model)]
+        _checkpoint(cfg, ctx, run, m, loader, step, metrics)
+    _finish(ctx, m, metrics, bar, step, loader.state_dict()["epoch"], stopped)
+    return 0
+
+
+def _finish(ctx: Ctx, m: _Model, metrics: MetricsLog | None, bar: Any, step: int, epoch: int, stopped: bool) -> None:
+    """The last line of metrics.jsonl: whether the run finished or stopped, and the weights of every rank."""
+    digests = [weights_digest(m.model)]
     if ctx.world > 1:
         gathered: list[Any] = [None] * ctx.world
         dist.all_gather_object(gathered, digests[0], group=ctx.cpu_group)
         digests = gathered
-    if metrics is not None:  # rank 0
-        record = {
-            "step": step,
-            "epoch": epoch,
-            "event": "stopped" if stopped else "finished",
-            "weights_sha256": digests,
-            "weights_in_sync": len(set(digests)) == 1,
-        }
-        metrics.write(record)
-        metrics.sync()
-        metrics.close()
-        if bar is not None:
-            bar.close()
-        log.info(
-            "%s at step %d (weights identical on all %d ranks: %s)", record["event"], step, ctx.world, record["weights_in_sync"]
-        )
-    return 0
+    if metrics is None:  # not rank 0
+        return
+    record = {
+        "step": step,
+        "epoch": epoch,
+        "event": "stopped" if stopped else "finished",
+        "weights_sha256": digests,
+        "weights_in_sync": len(set(digests)) == 1,
+    }
+    metrics.write(record)
+    metrics.sync()
+    metrics.close()
+    if bar is not None:
+        bar.close()
+    log.info("%s at step %d (weights identical on all %d ranks: %s)", record["event"], step, ctx.world, record["weights_in_sync"])
 
 
-def _resume_data(loader: SRLoader, state: dict[str, Any], step: int, epoch: int, rank: int) -> int:
-    """Put the loader where the checkpoint's data position was; the epoch to run next."""
+def _resume_data(loader: SRLoader, state: dict[str, Any], step: int, rank: int) -> None:
+    """Put the loader where the checkpoint's data position was (the loader owns the epoch from here)."""
+    epoch = int(state["epoch"])
     saved = state.get("loader")
     if saved is not None:
         try:
@@ -392,14 +397,15 @@ def _resume_data(loader: SRLoader, state: dict[str, Any], step: int, epoch: int,
                     at["batches"],
                     loader.pass_length(),
                 )
-            return int(at["epoch"])
+            return
     if int(state["epoch_batches"]) > 0:
         if rank == 0 and saved is None:
             log.info("resuming at step %d: the checkpoint has no data position; epoch %d starts afresh", step, epoch + 1)
-        return epoch + 1
+        loader.set_epoch(epoch + 1)
+        return
     if rank == 0:
         log.info("resuming at step %d, epoch %d", step, epoch)
-    return epoch
+    loader.set_epoch(epoch)
 
 
 def _progress(ctx: Ctx, total: int, step: int) -> Any:
@@ -436,7 +442,7 @@ def _log_window(
     now = time.perf_counter()
     elapsed = max(now - win.t, 1e-9)
     loss_sum, steps_sum, wait_sum, time_sum = ctx.all_sum([float(win.loss), win.steps, win.wait, elapsed])
-    patches = cfg.batch_size * steps_sum / max(time_sum / ctx.world, 1e-9)
+    patches = cfg.dataset.batch_size * steps_sum / max(time_sum / ctx.world, 1e-9)
     record = {
         "step": step,
         "epoch": epoch,

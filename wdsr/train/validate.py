@@ -15,7 +15,7 @@ from torch import nn
 from wdsr.dataset import SRDataset
 from wdsr.loader import make_loader, to_float
 from wdsr.metrics import psnr_y, ssim_y
-from wdsr.tiles import stitch
+from wdsr.pipeline.tiles import stitch
 
 _TILES_AT_ONCE = 16
 

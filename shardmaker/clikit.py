@@ -1,0 +1,72 @@
+"""What both command lines (``shardmaker``, ``wdsr``) share: one-line usage errors, sizes, scales.
+
+A public door of ``shardmaker``: ``wdsr``'s CLI and config files use these names."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import NoReturn
+
+__all__ = ["OneLineParser", "parse_args", "parse_part", "parse_scales", "parse_size"]
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+}
+
+
+def parse_size(text: str | float, unit: str = "") -> int:
+    """``256MB``, ``1GiB``, ``500k``, ``1e9`` -> bytes (at most 1 TiB); a bare number is in ``unit``
+    (bytes by default; the ``wdsr`` cache limits say GB)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        text = f"{text!r}{unit}"
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    suffix = (m.group(2) or unit).lower() if m else ""
+    if not m or suffix not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 256MB, 1GiB, 500000)")
+    value = float(m.group(1)) * _UNITS[suffix]
+    if not value <= 1 << 40:  # also catches inf (1e999)
+        raise argparse.ArgumentTypeError(f"size {text!r} is over the 1 TiB maximum")
+    return int(value)
+
+
+def parse_scales(text: str) -> tuple[int, ...]:
+    try:
+        scales = tuple(sorted({int(s) for s in text.split(",") if s.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a scale list: {text!r} (examples: 4, 2,3,4)") from None
+    if not scales or any(s < 2 for s in scales):
+        raise argparse.ArgumentTypeError(f"scales must be integers >= 2, got {text!r}")
+    return scales
+
+
+def parse_part(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)/(\d+)", text.strip())
+    if not m or not int(m.group(1)) < int(m.group(2)):
+        raise argparse.ArgumentTypeError(f"--part wants I/N with 0 <= I < N (e.g. 0/8), got {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line (exit 2), pointing at --help instead of printing the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace | int:
+    """The parsed arguments, or the exit status of --help (0) / a usage error (2) for main() to return."""
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
