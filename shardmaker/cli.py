@@ -39,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _build_parser(sub: Any) -> None:
+    """``build``: what goes in (sources, LR, codec); :func:`_build_run_args` adds how it runs."""
     b = sub.add_parser(
         "build",
         help="build shards from a folder of HR images",
@@ -94,6 +95,11 @@ def _build_parser(sub: Any) -> None:
         default=parse_size("256MB"),
         help="start a new shard past this size (default 256MB; units kB, MB, GB, KiB, MiB, GiB)",
     )
+    _build_run_args(b)
+
+
+def _build_run_args(b: argparse.ArgumentParser) -> None:
+    """How a build runs: shard limits, workers, order, parts, bad inputs, an OUT already there."""
     b.add_argument("--max-samples", type=int, default=None, help="at most this many samples per shard (default: no limit)")
     b.add_argument(
         "--workers",

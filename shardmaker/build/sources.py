@@ -222,98 +222,25 @@ def scan(
         if missing:
             raise InputError(storage.url_of(fs, missing[0]), "no such image (named by the HR_SRC pattern)")
         hr_stamps = {k: v for k, v in hr_stamps.items() if k in only}
-    hr_paths = list(hr_stamps)
-    if not hr_paths:
+    if not hr_stamps:
         raise InputError(hr_url, f"no images found (looked for {', '.join(codecs.SOURCE_EXTENSIONS)})")
+    hr = _hr_images(hr_url, fs, hr_root, list(hr_stamps), key_prefix, out)
     stamps: dict[str, str] = dict(hr_stamps)
-
-    by_key: dict[str, str] = {}
-    hr_rel: dict[str, str] = {}
-    for path in hr_paths:
-        rel = posixpath.relpath(path, hr_root)
-        key = make_key(posixpath.join(key_prefix, rel) if key_prefix else rel)
-        if key in by_key:
-            out.problem(path, f"maps to key {key!r} like {by_key[key]} (keys must be unique)")
-            continue
-        by_key[key] = path
-        hr_rel[key] = rel
-    stem_to_key = {posixpath.splitext(r)[0]: k for k, r in hr_rel.items()}
-
-    sizes: dict[str, tuple[int, int]] = {}
-    bad: set[str] = set()
-    for key, path in by_key.items():
-        try:
-            sizes[key] = header_size(fs, path, posixpath.splitext(path)[1])
-        except InputError as exc:
-            out.problem(exc.path, exc.reason)
-            bad.add(key)
-
-    lr_of: dict[str, list[tuple[int, str, str]]] = {k: [] for k in by_key}
     for url, (lfs, lroot) in zip(lr_urls, lr_roots, strict=True):
-        matched: dict[str, str] = {}
-        dir_scale: int | None = None
-        dir_example = ""
-        lr_stamps = _list_images(lfs, lroot, problem=out.problem)
-        for lpath in lr_stamps:
-            stamps[storage.url_of(lfs, lpath)] = lr_stamps[lpath]
-            lrel = posixpath.relpath(lpath, lroot)
-            stem = posixpath.splitext(lrel)[0]
-            found = stem_to_key.get(stem)
-            suffix_scale = None
-            if found is None:
-                m = _XSUFFIX.match(stem)
-                if m:
-                    found = stem_to_key.get(m.group(1))
-                    suffix_scale = int(m.group(2))
-            if found is None:
-                out.problem(lpath, f"LR image has no HR image in {hr_url} (same relative name, or name + 'x<scale>')")
-                continue
-            key = found
-            if key in matched:
-                out.problem(lpath, f"second LR image for HR {by_key[key]} in this folder (first: {matched[key]})")
-                continue
-            matched[key] = lpath
-            if key in bad:
-                continue
-            try:
-                s = scale_of(sizes[key], header_size(lfs, lpath, posixpath.splitext(lpath)[1]), mod_crop)
-                if suffix_scale is not None and suffix_scale != s:
-                    raise ValueError(f"name says x{suffix_scale} but the size ratio is {s}")
-                if dir_scale is not None and s != dir_scale:
-                    raise ValueError(f"scale {s}, but {dir_example} in the same LR folder has scale {dir_scale}")
-            except InputError as exc:
-                out.problem(exc.path, exc.reason)
-                bad.add(key)
-                continue
-            except ValueError as exc:
-                out.problem(lpath, f"{exc} (HR: {by_key[key]})")
-                bad.add(key)
-                continue
-            if dir_scale is None:
-                dir_scale, dir_example = s, lpath
-            if any(s == prev for prev, _, _ in lr_of[key]):
-                out.problem(lpath, f"a second LR folder with scale {s} (only one folder per scale)")
-                bad.add(key)
-                continue
-            lr_of[key].append((s, storage.url_of(lfs, lpath), lrel))
-        for key, path in by_key.items():
-            if key not in matched and key not in bad:
-                out.problem(path, f"HR image has no LR image in {url}")
-                bad.add(key)
-
+        _match_lr_folder(url, lfs, lroot, hr, stamps, mod_crop, out)
     pairs = []
-    for key in sorted(by_key):
-        if key in bad:
+    for key in sorted(hr.by_key):
+        if key in hr.bad:
             continue
-        hr_path = by_key[key]
+        hr_path = hr.by_key[key]
         pairs.append(
             Pair(
                 key=key,
                 hr=storage.url_of(fs, hr_path),
-                hr_rel=posixpath.join(key_prefix, hr_rel[key]) if key_prefix else hr_rel[key],
-                hr_size=sizes[key],
-                lr=tuple(sorted(lr_of[key])),
-                stamps=(hr_stamps[hr_path], *(stamps[u] for _, u, _ in sorted(lr_of[key]))),
+                hr_rel=posixpath.join(key_prefix, hr.rel[key]) if key_prefix else hr.rel[key],
+                hr_size=hr.sizes[key],
+                lr=tuple(sorted(hr.lr_of[key])),
+                stamps=(hr_stamps[hr_path], *(stamps[u] for _, u, _ in sorted(hr.lr_of[key]))),
             )
         )
     if lr_urls and pairs:
@@ -324,3 +251,95 @@ def scan(
     if not pairs:
         raise InputError(hr_url, "no usable HR/LR pairs (all skipped)")
     return pairs, out.skipped
+
+
+@dataclasses.dataclass
+class _HrImages:
+    """The HR side of a scan: each key's image, relative name and size, the keys that went bad,
+    and the LR images found for each so far."""
+
+    url: str
+    by_key: dict[str, str]
+    rel: dict[str, str]
+    stem_to_key: dict[str, str]
+    sizes: dict[str, tuple[int, int]]
+    bad: set[str]
+    lr_of: dict[str, list[tuple[int, str, str]]]
+
+
+def _hr_images(hr_url: str, fs: Any, hr_root: str, paths: list[str], key_prefix: str, out: _Collector) -> _HrImages:
+    by_key: dict[str, str] = {}
+    hr_rel: dict[str, str] = {}
+    for path in paths:
+        rel = posixpath.relpath(path, hr_root)
+        key = make_key(posixpath.join(key_prefix, rel) if key_prefix else rel)
+        if key in by_key:
+            out.problem(path, f"maps to key {key!r} like {by_key[key]} (keys must be unique)")
+            continue
+        by_key[key] = path
+        hr_rel[key] = rel
+    sizes: dict[str, tuple[int, int]] = {}
+    bad: set[str] = set()
+    for key, path in by_key.items():
+        try:
+            sizes[key] = header_size(fs, path, posixpath.splitext(path)[1])
+        except InputError as exc:
+            out.problem(exc.path, exc.reason)
+            bad.add(key)
+    stem_to_key = {posixpath.splitext(r)[0]: k for k, r in hr_rel.items()}
+    return _HrImages(hr_url, by_key, hr_rel, stem_to_key, sizes, bad, {k: [] for k in by_key})
+
+
+def _match_lr_folder(
+    url: str, lfs: Any, lroot: str, hr: _HrImages, stamps: dict[str, str], mod_crop: bool, out: _Collector
+) -> None:
+    """Pair the LR images of one ``--lr`` folder with the HR images (one scale per folder)."""
+    matched: dict[str, str] = {}
+    dir_scale: int | None = None
+    dir_example = ""
+    lr_stamps = _list_images(lfs, lroot, problem=out.problem)
+    for lpath in lr_stamps:
+        stamps[storage.url_of(lfs, lpath)] = lr_stamps[lpath]
+        lrel = posixpath.relpath(lpath, lroot)
+        stem = posixpath.splitext(lrel)[0]
+        key = hr.stem_to_key.get(stem)
+        suffix_scale = None
+        if key is None:
+            m = _XSUFFIX.match(stem)
+            if m:
+                key = hr.stem_to_key.get(m.group(1))
+                suffix_scale = int(m.group(2))
+        if key is None:
+            out.problem(lpath, f"LR image has no HR image in {hr.url} (same relative name, or name + 'x<scale>')")
+            continue
+        if key in matched:
+            out.problem(lpath, f"second LR image for HR {hr.by_key[key]} in this folder (first: {matched[key]})")
+            continue
+        matched[key] = lpath
+        if key in hr.bad:
+            continue
+        try:
+            s = scale_of(hr.sizes[key], header_size(lfs, lpath, posixpath.splitext(lpath)[1]), mod_crop)
+            if suffix_scale is not None and suffix_scale != s:
+                raise ValueError(f"name says x{suffix_scale} but the size ratio is {s}")
+            if dir_scale is not None and s != dir_scale:
+                raise ValueError(f"scale {s}, but {dir_example} in the same LR folder has scale {dir_scale}")
+        except InputError as exc:
+            out.problem(exc.path, exc.reason)
+            hr.bad.add(key)
+            continue
+        except ValueError as exc:
+            out.problem(lpath, f"{exc} (HR: {hr.by_key[key]})")
+            hr.bad.add(key)
+            continue
+        if dir_scale is None:
+            dir_scale, dir_example = s, lpath
+        if any(s == prev for prev, _, _ in hr.lr_of[key]):
+            out.problem(lpath, f"a second LR folder with scale {s} (only one folder per scale)")
+            hr.bad.add(key)
+            continue
+        hr.lr_of[key].append((s, storage.url_of(lfs, lpath), lrel))
+    for key, path in hr.by_key.items():
+        if key not in matched and key not in hr.bad:
+            out.problem(path, f"HR image has no LR image in {url}")
+            hr.bad.add(key)

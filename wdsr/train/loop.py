@@ -8,29 +8,25 @@ step, checkpoints and exits 0 (every rank stops at the same step).
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import hashlib
-import json
 import logging
 import math
 import os
 import signal
-import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from wdsr import env
 from wdsr.dataset import SRDataset
 from wdsr.loader import LoaderStateError, SRLoader, make_loader, sample_meta, to_float
 from wdsr.train.checkpoint import FORMAT, RunDir, RunError
-from wdsr.train.config import Amp, Device, Schedule, TrainConfig
+from wdsr.train.config import Amp, Schedule, TrainConfig
+from wdsr.train.context import Ctx, setup
+from wdsr.train.logbook import MetricsLog, Window, log_val, log_window, progress_bar
 from wdsr.train.models import build_model
 from wdsr.train.validate import validate
 
@@ -54,21 +50,6 @@ class StopFlag:
         log.warning("SIGTERM: finishing this step, then writing a checkpoint and exiting (again to exit at once)")
 
 
-@dataclasses.dataclass
-class Ctx:
-    rank: int
-    world: int
-    device: torch.device
-    cpu_group: Any  # a gloo group for the small per-step collectives (no GPU sync for them)
-
-    def all_sum(self, values: list[float]) -> list[float]:
-        if self.world == 1:
-            return values
-        t = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(t, group=self.cpu_group)
-        return t.tolist()
-
-
 def open_data(cfg: TrainConfig) -> tuple[SRDataset, SRDataset | None]:
     """The train (and val) datasets; every bad-input error surfaces here, before workers start."""
     train = SRDataset(cfg.data, config=cfg.dataset)
@@ -76,23 +57,8 @@ def open_data(cfg: TrainConfig) -> tuple[SRDataset, SRDataset | None]:
     val = None
     if cfg.val_data and cfg.val_every:
         d = cfg.dataset
-        val = SRDataset(cfg.val_data, scale=d.scale, split="val", tile=cfg.val_tile, on_error=d.on_error, verify=d.verify)
+        val = SRDataset(cfg.val_data, scale=d.scale, split="val", tile=cfg.val_tile, on_error=d.on_error)
     return train, val
-
-
-def _setup(cfg: TrainConfig) -> Ctx:
-    cuda = cfg.device is not Device.CPU and torch.cuda.is_available()
-    if cfg.device is Device.CUDA and not cuda:
-        raise ValueError("--device cuda: no CUDA device is available")
-    world = env.current_world()
-    device = torch.device("cuda", env.local_rank()) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    group = None
-    if world.size > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=10))
-        group = dist.new_group(backend="gloo") if cuda else dist.group.WORLD
-    return Ctx(world.rank, world.size, device, group)
 
 
 def amp_setting(amp: Amp, device: torch.device) -> tuple[torch.dtype | None, bool]:
@@ -122,47 +88,6 @@ def weights_digest(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-class MetricsLog:
-    """Rank 0's ``metrics.jsonl`` (a local file; copied into a remote run folder at checkpoints) and TensorBoard."""
-
-    def __init__(self, run: RunDir, cfg: TrainConfig) -> None:
-        self.run = run
-        if run.local:
-            folder = Path(run.root)
-        else:
-            folder = Path(cfg.log_dir or tempfile.mkdtemp(prefix="wdsr-train-"))
-        folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / "metrics.jsonl"
-        self.tb = None
-        if cfg.tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ValueError(
-                    "--tensorboard needs the tensorboard package: pip install tensorboard (the 'tensorboard' extra)"
-                ) from None
-            self.tb = SummaryWriter(str(folder / "tb"))
-        if not run.local:
-            log.info("metrics: %s (copied to %s/metrics.jsonl at each checkpoint)", self.path, run.url)
-
-    def write(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if self.tb is not None:
-            for k, v in record.items():
-                if k not in ("step", "epoch") and isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self.tb.add_scalar(k, v, record["step"])
-            self.tb.flush()
-
-    def sync(self) -> None:
-        if not self.run.local and self.path.exists():
-            self.run.upload("metrics.jsonl", self.path.read_bytes())
-
-    def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
-
-
 def train(cfg: TrainConfig) -> int:
     """Run the loop; returns the exit status (0 when finished or stopped by SIGTERM)."""
     train_ds, val_ds = open_data(cfg)
@@ -182,7 +107,7 @@ def train(cfg: TrainConfig) -> int:
             f"{cfg.out} would {at}"
         )
         return 0
-    ctx = _setup(cfg)
+    ctx = setup(cfg.device)
     stop = StopFlag()
     previous = stop.install()
     try:
@@ -299,8 +224,8 @@ def _loop(
             "training %s x%d on %s: %d batches/epoch/rank, %d ranks, %d steps, amp %s, device %s",
             *(cfg.model.value, cfg.dataset.scale, cfg.data, len(loader), ctx.world, total, amp, ctx.device),
         )
-    bar = _progress(ctx, total, step)
-    win = _Window(time.perf_counter(), 0.0, 0, torch.zeros((), device=ctx.device))
+    bar = progress_bar(ctx, total, step)
+    win = Window(time.perf_counter(), 0.0, 0, torch.zeros((), device=ctx.device))
     last_ckpt = step if state is not None else -1
     stopped = False
     while step < total and not stopped:
@@ -324,9 +249,9 @@ def _loop(
             if bar is not None:
                 bar.update(1)
             if step % cfg.log_every == 0 or step == total or stopped:
-                _log_window(cfg, ctx, metrics, bar, win, step, epoch, step_lr)
+                log_window(cfg, ctx, metrics, bar, win, step, epoch, step_lr)
             if val_ds is not None and step % cfg.val_every == 0:
-                _log_val(cfg, ctx, metrics, bar, validate(m.model, val_ds, cfg, ctx), step, epoch)
+                log_val(cfg, ctx, metrics, bar, validate(m.model, val_ds, cfg, ctx), step, epoch)
                 win.t = time.perf_counter()
             if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == total or stopped:
                 _checkpoint(cfg, ctx, run, m, loader, step, metrics)
@@ -406,69 +331,3 @@ def _resume_data(loader: SRLoader, state: dict[str, Any], step: int, rank: int) 
     if rank == 0:
         log.info("resuming at step %d, epoch %d", step, epoch)
     loader.set_epoch(epoch)
-
-
-def _progress(ctx: Ctx, total: int, step: int) -> Any:
-    if ctx.rank != 0 or not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=step, unit="step", dynamic_ncols=True)
-
-
-def _emit(metrics: MetricsLog | None, bar: Any, record: dict[str, Any], text: str) -> None:
-    if metrics is None:
-        return
-    metrics.write(record)
-    if bar is not None:
-        bar.write("wdsr: " + text)
-    else:
-        log.info("%s", text)
-
-
-@dataclasses.dataclass
-class _Window:
-    """What happened since the last log line, on this rank."""
-
-    t: float  # when the window started
-    wait: float  # seconds spent waiting for batches
-    steps: int
-    loss: torch.Tensor  # summed on the device, read only when logging
-
-
-def _log_window(
-    cfg: TrainConfig, ctx: Ctx, metrics: MetricsLog | None, bar: Any, win: _Window, step: int, epoch: int, lr: float
-) -> None:
-    now = time.perf_counter()
-    elapsed = max(now - win.t, 1e-9)
-    loss_sum, steps_sum, wait_sum, time_sum = ctx.all_sum([float(win.loss), win.steps, win.wait, elapsed])
-    patches = cfg.dataset.batch_size * steps_sum / max(time_sum / ctx.world, 1e-9)
-    record = {
-        "step": step,
-        "epoch": epoch,
-        "loss": loss_sum / max(steps_sum, 1),
-        "lr": lr,
-        "patches_per_s": patches,
-        "data_wait": wait_sum / max(time_sum, 1e-9),
-    }
-    _emit(
-        metrics,
-        bar,
-        record,
-        f"step {step} epoch {epoch} loss {record['loss']:.5f} lr {lr:.3g} "
-        f"patches/s {patches:.1f} data_wait {record['data_wait']:.1%}",
-    )
-    win.t, win.wait, win.steps, win.loss = now, 0.0, 0, torch.zeros_like(win.loss)
-
-
-def _log_val(cfg: TrainConfig, ctx: Ctx, metrics: MetricsLog | None, bar: Any, sums: list[float], step: int, epoch: int) -> None:
-    psnr, ssim, n = ctx.all_sum(sums)
-    if n == 0:
-        return
-    record = {"step": step, "epoch": epoch, "psnr_y": psnr / n, "ssim_y": ssim / n, "val_images": int(n)}
-    _emit(
-        metrics,
-        bar,
-        record,
-        f"val step {step}: PSNR-Y {record['psnr_y']:.3f} dB, SSIM-Y {record['ssim_y']:.4f} ({int(n)} images)",
-    )
