@@ -7,6 +7,8 @@ from typing import Any
 
 from shardmaker import compat
 
+__all__ = ["BuildError", "ImageDataError", "InputError", "OnError", "ShardmakerError"]
+
 
 class ImageDataError(ValueError):
     """Bytes that are not a usable image; the caller adds the file or member name."""

@@ -12,6 +12,20 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
+__all__ = [
+    "discard",
+    "is_local",
+    "is_object_store",
+    "is_s3",
+    "join",
+    "open_dir",
+    "publish",
+    "read_bytes",
+    "temp_name",
+    "url_of",
+    "write_atomic",
+]
+
 PARTIAL_SUFFIX = ".partial"
 _OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"}
 

@@ -46,6 +46,13 @@ def current_worker() -> tuple[int, int]:
     return (0, 1) if info is None else (info.id, info.num_workers)
 
 
+def in_worker() -> bool:
+    """Whether we run in a DataLoader worker process (batches then go through the handoff slots)."""
+    from torch.utils.data import get_worker_info
+
+    return get_worker_info() is not None
+
+
 def local_rank(environ: Mapping[str, str] | None = None) -> int:
     """This process's index on its node (``LOCAL_RANK`` from torchrun; 0 outside it): picks its GPU."""
     env = os.environ if environ is None else environ

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from wdsr import env
 from wdsr.pipeline.elastic import ChunkStream
 from wdsr.pipeline.handoff import BatchPool, SlotRef, write_rows
 from wdsr.pipeline.patches import Patch
@@ -33,7 +34,7 @@ def train_batches(
     start = fast_forward(shuffle_buffer, rng, stream.total, skip_batches * batch_size)
     stream.wait_for(start.buffer if start.tail is None else start.tail)
     patches = shuffled(stream.patches(start.next_input), shuffle_buffer, rng, start, stream.resolve)
-    in_worker = torch.utils.data.get_worker_info() is not None
+    in_worker = env.in_worker()
     t0 = time.perf_counter_ns()
     batch: list[Patch] = []
     for patch in patches:
