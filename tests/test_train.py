@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from shardmaker.errors import OnError
 from tests.helpers import ROOT, descendants, is_running, kill_tree, wait_until
 from tests.s3server import free_port
 from wdsr.tools.cli import main
@@ -248,3 +249,16 @@ def test_kill_9_mid_epoch_then_resume_ends_with_the_uninterrupted_weights(photo_
     assert "re-planned over it (elastic)" in three.stderr and "'dropped'" in three.stderr
     done = records(elastic)[-1]
     assert done["event"] == "finished" and done["step"] == 600 and done["weights_in_sync"] and len(done["weights_sha256"]) == 3
+
+
+def test_every_dataset_option_is_a_train_setting_with_sizes_in_units(tmp_path):
+    """TrainConfig nests the train set's DatasetConfig: flat keys or a ``dataset:`` mapping, sizes with units."""
+    (tmp_path / "c.yaml").write_text("data: /d\nout: /o\ndecoded_cache_limit: 2GB\ndataset:\n  shuffle_buffer: 8\n  on_error: skip\n")
+    cfg = make_config({"config": str(tmp_path / "c.yaml"), "cache_limit": 0.5})
+    d = cfg.dataset
+    assert (d.shuffle_buffer, d.on_error, d.decoded_cache_limit, d.cache_limit) == (8, OnError.SKIP, 2 * 10**9, 5 * 10**8)
+    assert cfg.dict["decoded_cache_limit"] == 2 * 10**9 and cfg.dict["on_error"] == "skip" and cfg.dict["model"] == "edsr-baseline"
+    with pytest.raises(ValueError, match="decoded_cache_limit: not a size"):
+        make_config({"data": "/d", "out": "/o", "decoded_cache_limit": "lots"})
+    with pytest.raises(ValueError, match="unknown setting 'shufle_buffer'"):
+        make_config({"data": "/d", "out": "/o", "shufle_buffer": 8})
