@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from shardmaker import compat
 from wdsr import env, state
 from wdsr.dataset import Split, SRDataset
 from wdsr.errors import SampleError
@@ -274,3 +275,12 @@ def to_float(x: torch.Tensor) -> torch.Tensor:
     if x.is_floating_point():
         return x.float()
     raise TypeError(f"to_float expects a uint8/uint16 tensor, got {x.dtype}")
+
+
+__getattr__ = compat.module_getattr(
+    __name__,
+    {
+        "STATE_FORMAT": ("wdsr.state.STATE_FORMAT", state.STATE_FORMAT),
+        "PATCH_DRAWS": ("wdsr.state.PATCH_DRAWS", state.PATCH_DRAWS),
+    },
+)

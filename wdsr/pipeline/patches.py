@@ -11,6 +11,7 @@ import dataclasses
 import numpy as np
 
 from shardmaker import compat
+from wdsr import seeds
 from wdsr.errors import SampleError
 from wdsr.pipeline.augment import N_DIHEDRAL, chw_shape, patch_source, write_chw
 from wdsr.pipeline.decode import DecodedPair
@@ -166,4 +167,7 @@ def cut_patches(pair: DecodedPair, spec: PatchConfig, seed: int, epoch: int, fir
     return out, 0
 
 
-__getattr__ = compat.module_getattr(__name__, {"PatchSpec": ("wdsr.pipeline.patches.PatchConfig", PatchConfig)})
+__getattr__ = compat.module_getattr(
+    __name__,
+    {"PatchSpec": ("wdsr.pipeline.patches.PatchConfig", PatchConfig), "key_hash": ("wdsr.seeds.key_hash", seeds.key_hash)},
+)

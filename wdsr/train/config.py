@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from shardmaker import compat
 from shardmaker.clikit import parse_size
 from wdsr.config import DatasetConfig
 from wdsr.train.models import ModelName
@@ -88,6 +89,12 @@ class TrainConfig:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
         if self.dataset.split.value != "train":
             raise ValueError("the train set's DatasetConfig must have split='train' (--val-data is the val set)")
+
+    def __getattr__(self, name: str) -> Any:  # cfg.patch_size and the like: moved to cfg.dataset (0.2)
+        if name in DATASET_KEYS:
+            compat.warn(f"TrainConfig.{name}", f"TrainConfig.dataset.{name}")
+            return getattr(self.dataset, name)
+        raise AttributeError(f"'TrainConfig' object has no attribute {name!r}")
 
     @property
     def dict(self) -> dict[str, Any]:
