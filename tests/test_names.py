@@ -67,3 +67,20 @@ def test_bench_stream_k_keyword_is_deprecated():
 
     with pytest.warns(WdsrDeprecationWarning, match=r"bench_stream\(k=\.\.\.\)"), pytest.raises(Exception):  # noqa: B017
         bench_stream("/nonexistent/dataset", k=4, seconds=0.1)
+
+
+@pytest.mark.parametrize(
+    "old, new, name",
+    [("wdsr.stream", "wdsr.pipeline.stream", "TrainStream"), ("wdsr.remote", "wdsr.store.remote", "RemoteFile"),
+     ("wdsr.trainconfig", "wdsr.train.config", "TrainConfig"), ("shardmaker.codecs", "shardmaker.imaging.codecs", "decode"),
+     ("shardmaker._compat", "shardmaker.compat", "WdsrDeprecationWarning")],
+)
+def test_module_paths_of_the_flat_layout_still_import_with_a_warning(old, new, name):
+    import importlib
+    import sys
+
+    sys.modules.pop(old, None)
+    with pytest.warns(WdsrDeprecationWarning, match=rf"the module {old} .* use {new}"):
+        mod = importlib.import_module(old)
+    assert getattr(mod, name) is getattr(importlib.import_module(new), name)
+    sys.modules.pop(old, None)
