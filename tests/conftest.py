@@ -1,29 +1,20 @@
-"""Shared fixtures: real photos (scikit-image's bundled set, tests/data/refdata), tiny trees."""
+"""Fixtures and pytest hooks only: real photos (scikit-image's bundled set, tests/data/refdata), tiny
+trees, shards, the S3 server. Plain helpers live in tests/helpers.py (test modules import those)."""
 from __future__ import annotations
 
-import contextlib
-import functools
 import os
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _refdata() -> Path | None:
-    # WDSR_REFDATA first (a larger or another copy), then the files this repository ships (see
-    # tests/data/refdata/SOURCES.md), then a checkout's ../shared/refdata.
-    for cand in (os.environ.get("WDSR_REFDATA"), ROOT / "tests" / "data" / "refdata", ROOT.parent / "shared" / "refdata"):
-        if cand and (Path(cand) / "set5" / "HR").is_dir():
-            return Path(cand)
-    return None
+from tests.helpers import REFDATA, S3_BUCKET, SESSION_VAR, aws_env, build_shards, leftovers, photos, save
 
 
-REFDATA = _refdata()
-needs_refdata = pytest.mark.skipif(REFDATA is None, reason="tests/data/refdata (Set5, MATLAB references) not found")
+def pytest_configure(config) -> None:
+    # Every process the tests start inherits this variable, so the check at the end finds orphans too.
+    os.environ[SESSION_VAR] = str(os.getpid())
 
 
 @pytest.fixture(scope="session")
@@ -31,28 +22,6 @@ def refdata() -> Path:
     if REFDATA is None:
         pytest.skip("tests/data/refdata not found")
     return REFDATA
-
-
-@functools.lru_cache(maxsize=1)
-def _photos() -> tuple[np.ndarray, ...]:
-    from skimage import data
-
-    return tuple(np.ascontiguousarray(p) for p in (data.astronaut(), data.chelsea(), data.coffee(), data.rocket()))
-
-
-def photos() -> list[np.ndarray]:
-    """Real RGB photos that ship inside scikit-image's wheel (no download); fresh copies."""
-    return [p.copy() for p in _photos()]
-
-
-def load_rgb(path: Path) -> np.ndarray:
-    return np.asarray(Image.open(path).convert("RGB"))
-
-
-def save(path: Path, arr: np.ndarray, **kw) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(arr).save(path, **kw)
-    return path
 
 
 @pytest.fixture()
@@ -66,15 +35,6 @@ def hr_tree(tmp_path: Path) -> Path:
         sub = "a" if i < 3 else "b/c"
         save(root / sub / f"img{i}.png", np.ascontiguousarray(img[y : y + h, x : x + w]))
     return root
-
-
-def build_shards(src: Path, out: Path, *flags: str) -> Path:
-    """Build real shards with the shardmaker CLI (in-process)."""
-    from shardmaker.cli import main
-
-    rc = main(["-q", "build", str(src), str(out), "--workers", "1", *flags])
-    assert rc == 0, f"shardmaker build failed for {src}"
-    return out
 
 
 @pytest.fixture(scope="session")
@@ -99,9 +59,6 @@ def photo_shards(tmp_path_factory, photo_src) -> Path:
 
 
 # ---- a real S3 server on 127.0.0.1 (SeaweedFS; moto only where weed cannot run) ----------------
-S3_BUCKET = "wdsr-test"
-
-
 def pytest_collection_modifyitems(config, items) -> None:
     """Tests that need the S3 server get the ``s3`` marker (``make test-fast`` leaves them out)."""
     for item in items:
@@ -132,21 +89,6 @@ def s3_server(tmp_path_factory):
         server.stop()
 
 
-@contextlib.contextmanager
-def aws_env(server):
-    """The standard AWS variables pointing at ``server``, for as long as the block runs."""
-    saved = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 @pytest.fixture()
 def s3(s3_server):
     """The S3 server, with the AWS variables set for this test only (later tests do not see them)."""
@@ -169,34 +111,8 @@ def s3_photo_shards(s3, _s3_photo_shards_built) -> str:
 
 
 # ---- no process outlives the suite ------------------------------------------------------------------
-# Every process the tests start inherits this variable, so one that was orphaned (its parent killed)
-# is found too, not only the suite's own children.
-_SESSION = f"WDSR_TEST_SESSION={os.getpid()}"
-os.environ["WDSR_TEST_SESSION"] = str(os.getpid())
-
-
-def leftovers() -> list[tuple[int, str]]:
-    """Live processes started (directly or not) by this test session, as (pid, command line)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if _SESSION.encode() not in (entry / "environ").read_bytes().split(b"\0"):
-                continue
-            state = next(line.split()[1] for line in (entry / "status").read_text().splitlines() if line.startswith("State:"))
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-        except (OSError, StopIteration):
-            continue
-        if state != "Z" and "resource_tracker" not in cmd:  # multiprocessing's own helper lives until we exit
-            found.append((int(entry.name), cmd))
-    return found
-
-
 def pytest_sessionfinish(session, exitstatus):
-    import time
-
-    deadline = time.monotonic() + 10  # give exiting processes a moment
+    deadline = time.monotonic() + 30  # give exiting processes a moment (a busy machine is slow to reap)
     left = leftovers()
     while left and time.monotonic() < deadline:
         time.sleep(0.2)

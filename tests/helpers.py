@@ -1,12 +1,22 @@
-"""Helpers shared by several test modules (test modules never import each other)."""
+"""Everything the test modules share that is not a fixture (fixtures live in conftest.py; test
+modules never import each other, nor conftest). Plain functions and classes only: data makers,
+process tools, and the clock and waiting helpers that keep tests independent of the machine's speed."""
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
 
 from shardmaker.cli import main as shardmaker_main
 from shardmaker.format import tario
@@ -14,6 +24,51 @@ from shardmaker.format.manifest import Manifest, ShardInfo
 from tests.s3server import free_port
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+S3_BUCKET = "wdsr-test"
+
+
+# ---- test data ----------------------------------------------------------------------------------
+def _refdata() -> Path | None:
+    # WDSR_REFDATA first (a larger or another copy), then the files this repository ships (see
+    # tests/data/refdata/SOURCES.md), then a checkout's ../shared/refdata.
+    for cand in (os.environ.get("WDSR_REFDATA"), ROOT / "tests" / "data" / "refdata", ROOT.parent / "shared" / "refdata"):
+        if cand and (Path(cand) / "set5" / "HR").is_dir():
+            return Path(cand)
+    return None
+
+
+REFDATA = _refdata()
+needs_refdata = pytest.mark.skipif(REFDATA is None, reason="tests/data/refdata (Set5, MATLAB references) not found")
+
+
+@functools.lru_cache(maxsize=1)
+def _photos() -> tuple[np.ndarray, ...]:
+    from skimage import data
+
+    return tuple(np.ascontiguousarray(p) for p in (data.astronaut(), data.chelsea(), data.coffee(), data.rocket()))
+
+
+def photos() -> list[np.ndarray]:
+    """Real RGB photos that ship inside scikit-image's wheel (no download); fresh copies."""
+    return [p.copy() for p in _photos()]
+
+
+def load_rgb(path: Path) -> np.ndarray:
+    return np.asarray(Image.open(path).convert("RGB"))
+
+
+def save(path: Path, arr: np.ndarray, **kw) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(arr).save(path, **kw)
+    return path
+
+
+def build_shards(src: Path, out: Path | str, *flags: str) -> Path | str:
+    """Build real shards with the shardmaker CLI (in-process)."""
+    rc = shardmaker_main(["-q", "build", str(src), str(out), "--workers", "1", *flags])
+    assert rc == 0, f"shardmaker build failed for {src}"
+    return out
 
 
 def sm(capsys, *args: str) -> tuple[int, str, str]:
@@ -118,3 +173,102 @@ def remove_orphan_semaphores(before: set[Path]) -> list[Path]:
     for p in orphans:
         p.unlink(missing_ok=True)
     return orphans
+
+
+def is_running(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie has stopped running: it maps nothing, holds no lock)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def group_members(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        if int(text[text.rindex(")") + 2 :].split()[2]) == pgid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+# ---- waiting for what happened, not for a while ------------------------------------------------
+def wait_until(pred: Callable[[], object], what: str, timeout: float = 120.0, alive: subprocess.Popen | None = None) -> None:
+    """Poll ``pred`` until it holds. ``timeout`` only stops a test that would hang (it is no
+    measure of speed: keep it far above what the slowest machine needs); with ``alive``, fail
+    at once if that process ends first."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if alive is not None and alive.poll() is not None:
+            raise AssertionError(f"the process ended ({alive.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} after {timeout:.0f} s")
+        time.sleep(0.02)
+
+
+class FakeClock:
+    """A clock that moves only when told: hand it to code in place of the ``time`` module (it has
+    ``monotonic``, ``perf_counter`` and ``sleep``), so a test of timing logic asserts
+    exact counts instead of counting what happened in a wall-clock window."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+        self.slept: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    perf_counter = monotonic
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+# ---- S3 ----------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def aws_env(server):
+    """The standard AWS variables pointing at ``server``, for as long as the block runs."""
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# ---- no process outlives the suite ---------------------------------------------------------------
+# Every process the tests start inherits this variable (conftest sets it when pytest starts), so one
+# that was orphaned (its parent killed) is found too, not only the suite's own children.
+SESSION_VAR = "WDSR_TEST_SESSION"
+
+
+def leftovers() -> list[tuple[int, str]]:
+    """Live processes started (directly or not) by this test session, as (pid, command line)."""
+    marker = f"{SESSION_VAR}={os.environ.get(SESSION_VAR, os.getpid())}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            state = next(line.split()[1] for line in (entry / "status").read_text().splitlines() if line.startswith("State:"))
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, StopIteration):
+            continue
+        if state != "Z" and "resource_tracker" not in cmd:  # multiprocessing's own helper lives until we exit
+            found.append((int(entry.name), cmd))
+    return found

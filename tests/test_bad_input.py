@@ -10,8 +10,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from PIL import Image
 
 from shardmaker.format.manifest import load as load_manifest
-from tests.conftest import photos, save
-from tests.helpers import sm
+from tests.helpers import photos, save, sm
 
 
 def assert_nothing_written(out: Path) -> None:

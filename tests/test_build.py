@@ -14,8 +14,7 @@ import pytest
 from shardmaker.format import tario
 from shardmaker.format.manifest import load as load_manifest
 from shardmaker.imaging import codecs
-from tests.conftest import load_rgb, needs_refdata, photos, save
-from tests.helpers import shard_hashes, sm
+from tests.helpers import load_rgb, needs_refdata, photos, save, shard_hashes, sm
 
 
 def samples(out: Path) -> dict[str, dict[str, bytes]]:

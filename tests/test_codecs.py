@@ -8,13 +8,13 @@ import zlib
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
 from shardmaker.imaging import codecs, png
 from shardmaker.imaging.codecs import Codec, ImageDataError
-from tests.conftest import photos
+from tests.helpers import photos
 
 
 def _bytes(arr: np.ndarray, fmt: str, **kw) -> bytes:
@@ -186,7 +186,7 @@ def _chunk(tag: bytes, body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + tag + body + struct.pack(">I", zlib.crc32(tag + body))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_fuzzed_png_bytes_decode_as_libspng_does_or_fail_clearly(data):
     """Flipped, cut or inserted bytes anywhere in a PNG: wdsr's decode is libspng's pixels where

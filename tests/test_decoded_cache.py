@@ -13,7 +13,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,12 +21,9 @@ import torch
 
 import wdsr
 from shardmaker.format import manifest as mf
-from tests.conftest import build_shards
-from tests.helpers import torchrun
+from tests.helpers import ROOT, build_shards, torchrun, wait_until
 from wdsr.store import decoded
 from wdsr.tools.cli import main as wdsr_main
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(url: str, epochs: int = 2, workers: int = 2, **kw) -> tuple[list[tuple[torch.Tensor, torch.Tensor, list]], dict]:
@@ -104,18 +100,18 @@ def test_concurrent_fills_give_one_complete_file(tmp_path):
 
 
 _SLOW_WRITER = textwrap.dedent("""
-    import builtins, sys, time, numpy as np
+    import builtins, sys, threading, numpy as np
     from wdsr.store import decoded
 
-    class Slow:  # a writer that stops for a long time after its first write (as a slow disk would)
+    class Stuck:  # a writer that stops after its second write until it is killed (as a hung disk would)
         def __init__(self, f): self.f, self.n = f, 0
         def __enter__(self): return self
         def __exit__(self, *a): self.f.close()
         def write(self, b):
             self.f.write(b); self.f.flush(); self.n += 1
-            if self.n == 2: time.sleep(60)
+            if self.n == 2: threading.Event().wait()
 
-    decoded.open = lambda p, mode: Slow(builtins.open(p, mode))
+    decoded.open = lambda p, mode: Stuck(builtins.open(p, mode))
     c = decoded.DecodedCache(sys.argv[1], "ab" * 32, 4, None, [])
     c.store("k", np.ones((400, 400, 3), np.uint8), np.ones((100, 100, 3), np.uint8))
 """)
@@ -124,10 +120,8 @@ _SLOW_WRITER = textwrap.dedent("""
 def test_a_writer_killed_mid_write_leaves_nothing_readable(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", _SLOW_WRITER, str(tmp_path)], env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
-        deadline = time.monotonic() + 60
-        while not _files(tmp_path, "*.tmp.*") or _files(tmp_path, "*.tmp.*")[0].stat().st_size < 4096 + 480000:
-            assert proc.poll() is None and time.monotonic() < deadline, "the writer never got to its second write"
-            time.sleep(0.05)
+        wait_until(lambda: _files(tmp_path, "*.tmp.*") and _files(tmp_path, "*.tmp.*")[0].stat().st_size >= 4096 + 480000,
+                   "second write of the writer", alive=proc)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()

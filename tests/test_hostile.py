@@ -24,7 +24,7 @@ from shardmaker.cli import main as sm_main
 from shardmaker.format import ManifestError, TarFormatError, iter_members, parse, tario
 from shardmaker.format import manifest as mf
 from shardmaker.verify import verify
-from tests.conftest import ROOT, build_shards, photos, save
+from tests.helpers import ROOT, build_shards, photos, save
 from tests.s3server import ACCESS_KEY, SECRET_KEY
 from wdsr.pipeline.read import _members
 from wdsr.tools.cli import main as wdsr_main
@@ -498,6 +498,8 @@ def test_fifos_odd_names_sizes_and_disguised_files(tmp_path, capsys):
 
 
 # ---- fuzz: byte flips and truncations never hang and raise only our error types -------------------
+# No per-example deadline (hypothesis's deadline is a wall-clock assertion a busy machine trips, as
+# "Flaky"): an example that hangs still fails, on the module's 120 s timeout.
 @pytest.fixture(scope="module")
 def sample_bytes(tmp_path_factory) -> tuple[bytes, str]:
     d = build_shards(small_src(tmp_path_factory.mktemp("fz") / "src", n=1, size=24), tmp_path_factory.mktemp("fz2") / "ds",
@@ -506,7 +508,7 @@ def sample_bytes(tmp_path_factory) -> tuple[bytes, str]:
     return (d / m["shards"][0]["name"]).read_bytes(), m["shards"][0]["keys"][0]
 
 
-@settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_fuzzed_tar_bytes_raise_only_our_errors(sample_bytes, data):
     raw, key = sample_bytes
@@ -528,7 +530,7 @@ _json = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st
                      lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3), max_leaves=8)
 
 
-@settings(max_examples=300, deadline=2000)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(path=st.sampled_from(["format", "codec", "scales", "lr_method", "samples", "bytes", "shards", "shards.0",
                              "shards.0.name", "shards.0.samples", "shards.0.bytes", "shards.0.sha256", "shards.0.keys",
                              "shards.0.offsets", "shards.0.hr_sizes", "shards.0.keys.1", "shards.0.offsets.1",

@@ -20,7 +20,7 @@ from shardmaker.cli import main as sm_main
 from shardmaker.format import manifest as mf
 from shardmaker.imaging.resize import ResizeMethod, downscale
 from shardmaker.verify import info_text, verify
-from tests.conftest import S3_BUCKET, load_rgb, photos
+from tests.helpers import S3_BUCKET, load_rgb, photos
 
 SET5 = ("baby", "bird", "butterfly", "head", "woman")
 

@@ -7,7 +7,7 @@ import torch
 
 import wdsr
 from shardmaker.imaging.resize import ResizeMethod, upscale
-from tests.conftest import build_shards, needs_refdata, photos
+from tests.helpers import build_shards, needs_refdata, photos
 from wdsr.metrics import psnr_y, ssim_y, to_y
 
 PUBLISHED = {2: (33.66, 0.9299), 3: (30.39, 0.8682), 4: (28.42, 0.8104)}

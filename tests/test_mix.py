@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import wdsr
-from tests.conftest import build_shards
+from tests.helpers import build_shards
 from wdsr.env import World
 
 KW = dict(scale=4, patch_size=48, patches_per_image=1, batch_size=1, shuffle_buffer=0, seed=2, return_keys=True)

@@ -13,7 +13,7 @@ import torch
 
 import wdsr
 from shardmaker.imaging.resize import ResizeMethod, downscale
-from tests.helpers import rewrite
+from tests.helpers import FakeClock, build_shards, photos, rewrite, save
 from wdsr.env import World
 
 
@@ -117,8 +117,6 @@ def test_shuffle_buffer_mixes_images_in_a_batch(photo_shards):
 
 
 def test_min_patch_std_rejects_flat_patches(tmp_path):
-    from tests.conftest import build_shards, photos, save
-
     img = photos()[0][:128, :128].copy()
     img[:, :96] = 0  # a black border over three quarters of the frame (endoscope style)
     save(tmp_path / "src/e.png", img)
@@ -238,8 +236,6 @@ def test_skip_logs_once_and_counts(shards_copy, caplog):
 
 
 def test_16bit_grey_streams_as_uint16(tmp_path):
-    from tests.conftest import build_shards, photos, save
-
     grey = photos()[1][:120, :160, 1].astype(np.uint16) * 257 + 7
     save(tmp_path / "src/g16.png", grey)
     shards = build_shards(tmp_path / "src", tmp_path / "ds", "--scale", "2")
@@ -334,32 +330,35 @@ def test_default_prefetch_holds_one_images_patches(photo_shards):
 
 def test_memory_sampling_backs_off_when_reading_proc_is_slow(monkeypatch):
     """A worker's private-memory sample walks every page it maps (tens of ms with a decoded cache
-    mapped): it takes at most ``max_share`` of the worker's time, however long one read takes."""
-    import time
-
+    mapped): it takes at most ``max_share`` of the worker's time, however long one read takes.
+    On a clock of our own (the stats module's ``time``): exact counts, whatever the machine's load."""
     from wdsr.pipeline import stats as stats_mod
 
+    clock = FakeClock()
+    monkeypatch.setattr(stats_mod, "time", clock)
     reads = []
 
     def slow_private_kb() -> int:  # what smaps_rollup costs with gigabytes of pairs mapped
-        time.sleep(0.05)
+        clock.advance(0.05)
         reads.append(1)
         return 1234
 
     monkeypatch.setattr(stats_mod, "private_kb", slow_private_kb)
     st = stats_mod.SharedStats(slots=2)
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 0.5:
+    t0 = clock.monotonic()
+    while clock.monotonic() - t0 < 0.5:
         st.mark_rss(0, every_s=0.01, max_share=0.05)  # a 50 ms read: the next one >= 1 s later
+        clock.advance(0.001)
     assert len(reads) == 1
     assert st.totals()["peak_private_kb_per_worker"] == 1234
     assert st.totals()["peak_rss_kb_per_worker"] > 0
     fast = stats_mod.SharedStats(slots=2)
     monkeypatch.setattr(stats_mod, "private_kb", lambda: reads.append(1) or 99)
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 0.2:
+    t0 = clock.monotonic()
+    while clock.monotonic() - t0 < 0.2:
         fast.mark_rss(1, every_s=0.05)
-    assert 3 <= len(reads) - 1 <= 6  # a cheap read: every every_s
+        clock.advance(0.001)
+    assert 3 <= len(reads) - 1 <= 6  # a cheap read: every every_s (4 here: at 0, 50, 100 and 150 ms)
     assert fast.totals()["peak_private_kb_per_worker"] == 99
 
 

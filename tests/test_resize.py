@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from shardmaker.imaging.resize import ResizeMethod, contributions, downscale, upscale
-from tests.conftest import load_rgb, needs_refdata, photos
+from tests.helpers import load_rgb, needs_refdata, photos
 
 
 def _modcrop(img: np.ndarray, s: int) -> np.ndarray:

@@ -5,14 +5,23 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import photos, save
-from tests.helpers import posix_semaphores, remove_orphan_semaphores, shard_hashes, sm
+from tests.helpers import (
+    ROOT,
+    group_members,
+    is_running,
+    photos,
+    posix_semaphores,
+    remove_orphan_semaphores,
+    save,
+    shard_hashes,
+    sm,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -25,22 +34,47 @@ def big_tree(root: Path, n: int = 14) -> Path:
     return root
 
 
+# The build, but one that cannot finish on its own: after recording its 4th shard (and before
+# publishing it) it waits for ever, so the kill always lands mid-build, wherever the build has got
+# to by then (writing the 4th shard, encoding ahead, or between recording and publishing it),
+# however fast or slow the machine is.
+_BUILD_UNTIL_KILLED = """
+import sys, threading
+from shardmaker.build import output
+from shardmaker.cli import main
+
+record, recorded = output.Output.record, []
+
+def record_then_wait(self, *args, **kw):
+    record(self, *args, **kw)
+    recorded.append(1)
+    if len(recorded) == 4:
+        threading.Event().wait()
+
+output.Output.record = record_then_wait
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def test_kill_minus_9_then_rerun_completes_without_redoing_shards(capsys, tmp_path):
     src = big_tree(tmp_path / "hr")
     flags = ["--scale", "2,3,4", "--max-samples", "1", "--png-level", "6"]
     out = tmp_path / "killed"
     semaphores = posix_semaphores()
-    proc = subprocess.Popen([sys.executable, "-m", "shardmaker", "-q", "build", str(src), str(out), *flags],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if len(list(out.glob("shard-*.tar"))) >= 3:
-            break
-        time.sleep(0.01)
-    assert proc.poll() is None, "the build finished before it could be killed; make the workload larger"
-    os.killpg(proc.pid, signal.SIGKILL)  # the build and its encoding processes die at once, as when a node dies
-    proc.wait()
-    time.sleep(0.2)  # the group's last processes gone from /proc
+    log = tmp_path / "build.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-c", _BUILD_UNTIL_KILLED, "-q", "build", str(src), str(out), *flags],
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        wait_until(lambda: len(list(out.glob("shard-*.tar"))) >= 3, "3 finished shards", alive=proc)
+    finally:
+        group = set(group_members(proc.pid))  # the build and its encoding processes ...
+        os.killpg(proc.pid, signal.SIGKILL)  # ... die at once, as when a node dies
+        group |= set(group_members(proc.pid))
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, log.read_text()[-3000:]  # killed, not ended on its own
+    wait_until(lambda: not any(is_running(p) for p in group), "the end of the killed build's processes")
     remove_orphan_semaphores(semaphores)  # the killed pool's semaphores: its resource tracker died with it
     assert not (out / "manifest.json").exists()
     finished = len(list(out.glob("shard-*.tar")))

@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import photos
+from tests.helpers import photos
 from wdsr import env
 from wdsr.errors import SampleError
 from wdsr.pipeline.augment import N_DIHEDRAL, dihedral_view, to_chw
@@ -18,7 +18,7 @@ from wdsr.pipeline.shuffle import shuffled
 
 
 # ---- shuffle ----------------------------------------------------------------------------------------
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(0, 300), size=st.integers(0, 64), seed=st.integers(0, 2**32 - 1))
 def test_shuffle_is_a_permutation_that_never_lets_an_item_out_early(n, size, seed):
     out = list(shuffled(range(n), size, np.random.default_rng(seed)))

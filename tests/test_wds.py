@@ -17,7 +17,7 @@ from PIL import Image
 import wdsr
 import wdsr.wds as sr
 from shardmaker.imaging.resize import ResizeMethod, downscale
-from tests.conftest import photos
+from tests.helpers import photos
 
 
 def _pipeline(urls: str | list[str], *stages) -> wds.DataPipeline:

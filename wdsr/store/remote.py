@@ -19,6 +19,7 @@ import http.client
 import logging
 import os
 import random
+import select
 import threading
 import time
 import urllib.parse
@@ -122,7 +123,10 @@ def one_try(fs: fsspec.AbstractFileSystem, storage_options: dict[str, Any] | Non
 
 
 class RemoteFile:
-    """One object (a shard) read by byte ranges; ``on_retry`` is told of every failed try."""
+    """One object (a shard) read by byte ranges; ``on_retry`` is told of every failed try.
+
+    ``sleep`` waits out the backoff between tries (``time.sleep``; tests pass a clock of their own).
+    """
 
     def __init__(
         self,
@@ -131,9 +135,11 @@ class RemoteFile:
         url: str,
         retry: Retry,
         on_retry: Callable[[BaseException], None] | None = None,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         self.fs, self.path, self.url, self.retry = fs, path, url, retry
         self.on_retry = on_retry
+        self.sleep = sleep if sleep is not None else time.sleep
         self._s3 = storage.is_s3(fs) and hasattr(fs, "_call_s3")  # s3fs: stream and resume at the byte
 
     def _attempt(self, what: str, fn: Callable[[], Any]) -> Any:
@@ -163,7 +169,7 @@ class RemoteFile:
         if self.on_retry is not None:
             self.on_retry(exc)
         log.debug("retrying %s %s after %s", self.url, what, describe(exc))
-        time.sleep(self.retry.wait(failures))
+        self.sleep(self.retry.wait(failures))
         return failures
 
     def size(self) -> int:
@@ -263,10 +269,25 @@ def _connection(scheme: str, host: str, port: int | None, timeout: float) -> htt
         pool = _local.pool = {}
     key = (scheme, host, port, timeout)
     conn = pool.get(key)
+    if conn is not None and not _reusable(conn):
+        _drop_connection(conn)  # closed by the server while idle (its keep-alive timeout): a new one, not a failed try
+        conn = None
     if conn is None:
         cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
         conn = pool[key] = cls(host, port, timeout=timeout)
     return conn
+
+
+def _reusable(conn: http.client.HTTPConnection) -> bool:
+    """Whether an idle pooled connection can take a request: readable while idle means the server
+    closed it (EOF) or sent something unasked; either way it is dropped (as urllib3 does)."""
+    if conn.sock is None:
+        return True  # not connected: http.client connects on the next request
+    try:
+        readable, _, _ = select.select([conn.sock], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
 
 
 def _drop_connection(conn: http.client.HTTPConnection) -> None:
