@@ -1,7 +1,7 @@
 """shardmaker: pack HR/LR super-resolution pairs into verified, deterministic tar shards.
 
 The house: ``format/`` (the one door to shard bytes), ``imaging/`` (codecs, PNG, MATLAB resize),
-``build/`` (build and merge), ``index`` (foreign shards), ``verify``, ``cli``. Public modules for
+``builder/`` (build and merge), ``index`` (foreign shards), ``verify``, ``cli``. Public modules for
 other packages (``wdsr``): ``shardmaker.format``, ``shardmaker.imaging``, ``shardmaker.storage``,
 ``shardmaker.errors``, ``shardmaker.compat``, ``shardmaker.clikit``; each names its ``__all__``.
 """
@@ -19,7 +19,8 @@ compat.alias_modules(
     {
         "shardmaker._compat": "shardmaker.compat",
         **{f"shardmaker.{m}": f"shardmaker.imaging.{m}" for m in ("codecs", "png", "resize")},
-        **{f"shardmaker.{m}": f"shardmaker.build.{m}" for m in ("outdir", "sources", "sample", "writer")},
+        **{f"shardmaker.{m}": f"shardmaker.builder.{m}" for m in ("outdir", "sources", "sample", "writer")},
+        "shardmaker.build": "shardmaker.builder",  # the build module until 0.2
     }
 )
 

@@ -10,8 +10,8 @@ import sys
 from typing import Any
 
 from shardmaker import __version__
-from shardmaker.build import BuildConfig, build, merge_when_ready
-from shardmaker.build.sample import LrMethod, SampleConfig
+from shardmaker.builder import BuildConfig, build, merge_when_ready
+from shardmaker.builder.sample import LrMethod, SampleConfig
 from shardmaker.clikit import OneLineParser, parse_args, parse_part, parse_scales, parse_size
 from shardmaker.errors import OnError, ShardmakerError
 from shardmaker.imaging.codecs import Codec

@@ -256,7 +256,7 @@ def test_a_png_bomb_is_refused_from_its_header_before_decoding(ds, manifest_agre
 
 
 def test_importing_wdsr_leaves_pillows_bomb_guard_alone():
-    code = "import PIL.Image as I; v = I.MAX_IMAGE_PIXELS; import wdsr, shardmaker.build, shardmaker.imaging.codecs; " \
+    code = "import PIL.Image as I; v = I.MAX_IMAGE_PIXELS; import wdsr, shardmaker.builder, shardmaker.imaging.codecs; " \
            "assert I.MAX_IMAGE_PIXELS == v and v, I.MAX_IMAGE_PIXELS"
     assert subprocess.run([sys.executable, "-c", code], timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}).returncode == 0
 
@@ -452,7 +452,7 @@ def test_strict_resume_sees_a_content_change_that_keeps_size_and_mtime(tmp_path,
 
 def test_two_builds_into_one_folder_the_second_is_refused(tmp_path, capsys):
     from shardmaker import storage
-    from shardmaker.build import outdir
+    from shardmaker.builder import outdir
 
     src = small_src(tmp_path / "src")
     out = tmp_path / "ds"

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 import shardmaker
-from shardmaker import build as build_mod
-from shardmaker.build import sample as sample_mod
-from shardmaker.build.sample import LrMethod, SampleConfig
+from shardmaker import builder as build_mod
+from shardmaker.builder import sample as sample_mod
+from shardmaker.builder.sample import LrMethod, SampleConfig
 from shardmaker.compat import WdsrDeprecationWarning
 from shardmaker.errors import OnError
 from shardmaker.format.manifest import LR_METHODS
@@ -73,7 +73,7 @@ def test_bench_stream_k_keyword_is_deprecated():
     "old, new, name",
     [("wdsr.stream", "wdsr.pipeline.stream", "TrainStream"), ("wdsr.remote", "wdsr.store.remote", "RemoteFile"),
      ("wdsr.trainconfig", "wdsr.train.config", "TrainConfig"), ("shardmaker.codecs", "shardmaker.imaging.codecs", "decode"),
-     ("shardmaker._compat", "shardmaker.compat", "WdsrDeprecationWarning")],
+     ("shardmaker._compat", "shardmaker.compat", "WdsrDeprecationWarning"), ("shardmaker.build", "shardmaker.builder", "BuildConfig")],
 )
 def test_module_paths_of_the_flat_layout_still_import_with_a_warning(old, new, name):
     import importlib

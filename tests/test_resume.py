@@ -40,7 +40,7 @@ def big_tree(root: Path, n: int = 14) -> Path:
 # however fast or slow the machine is.
 _BUILD_UNTIL_KILLED = """
 import sys, threading
-from shardmaker.build import output
+from shardmaker.builder import output
 from shardmaker.cli import main
 
 record, recorded = output.Output.record, []

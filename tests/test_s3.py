@@ -71,8 +71,8 @@ def test_build_writes_shards_and_manifest_to_s3_and_verify_reads_them(s3, s3_pho
 
 def test_large_shards_are_uploaded_in_parts(s3, tmp_path):
     """A shard bigger than the upload block goes up as a multipart upload (ETag "...-N")."""
-    from shardmaker.build import BuildConfig, build
-    from shardmaker.build.sample import SampleConfig
+    from shardmaker.builder import BuildConfig, build
+    from shardmaker.builder.sample import SampleConfig
     from shardmaker.imaging.codecs import Codec
 
     for i, pic in enumerate(photos()):  # 4 x ~2.5 MB of QOI: one shard of > 5 MiB
@@ -197,8 +197,8 @@ def test_killed_server_mid_epoch_is_a_clear_error_not_a_hang(tmp_path, photo_src
         opts = {"key": env["AWS_ACCESS_KEY_ID"], "secret": env["AWS_SECRET_ACCESS_KEY"], "endpoint_url": server.endpoint,
                 "client_kwargs": {"region_name": REGION}}
         url = "s3://dying/ds"
-        from shardmaker.build import BuildConfig, build
-        from shardmaker.build.sample import SampleConfig
+        from shardmaker.builder import BuildConfig, build
+        from shardmaker.builder.sample import SampleConfig
 
         build(BuildConfig(hr_src=str(photo_src), out=url, progress=False, max_samples=2,
                            sample=SampleConfig(scales=(4,), storage_options=opts)))
@@ -404,8 +404,8 @@ def test_two_ranks_two_workers_stream_from_s3(s3, s3_photo_shards, proxy, tmp_pa
 
 def test_a_failed_build_leaves_no_torn_shard_and_no_open_upload(s3, tmp_path):
     """A corrupt source mid-shard: the multipart upload is aborted, never completed."""
-    from shardmaker.build import BuildConfig, build
-    from shardmaker.build.sample import SampleConfig
+    from shardmaker.builder import BuildConfig, build
+    from shardmaker.builder.sample import SampleConfig
     from shardmaker.imaging.codecs import Codec
 
     for i in range(6):

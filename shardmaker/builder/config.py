@@ -6,8 +6,8 @@ import dataclasses
 import re
 
 from shardmaker import compat
-from shardmaker.build.sample import SampleConfig
-from shardmaker.build.sources import Skipped
+from shardmaker.builder.sample import SampleConfig
+from shardmaker.builder.sources import Skipped
 from shardmaker.errors import OnError
 
 STATE_DIR = "_build"

@@ -7,9 +7,9 @@
 from typing import Any
 
 from shardmaker import compat
-from shardmaker.build.config import BuildConfig, BuildResult, part_manifest_name, shard_name
-from shardmaker.build.merge import PartsPending, merge, merge_when_ready
-from shardmaker.build.run import build, fingerprint, order_samples
+from shardmaker.builder.config import BuildConfig, BuildResult, part_manifest_name, shard_name
+from shardmaker.builder.merge import PartsPending, merge, merge_when_ready
+from shardmaker.builder.run import build, fingerprint, order_samples
 
 __all__ = [
     "BuildConfig",
@@ -24,4 +24,4 @@ __all__ = [
     "shard_name",
 ]
 
-__getattr__: Any = compat.module_getattr(__name__, {"BuildOptions": ("shardmaker.build.BuildConfig", BuildConfig)})
+__getattr__: Any = compat.module_getattr(__name__, {"BuildOptions": ("shardmaker.builder.BuildConfig", BuildConfig)})

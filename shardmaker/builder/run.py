@@ -27,22 +27,22 @@ from tqdm import tqdm
 
 import shardmaker
 from shardmaker import storage
-from shardmaker.build import outdir
-from shardmaker.build.config import (
+from shardmaker.builder import outdir
+from shardmaker.builder.config import (
     WRITER_REVISION,
     BuildConfig,
     BuildResult,
     shard_name,
 )
-from shardmaker.build.output import Output
-from shardmaker.build.sample import EncodedSample, LrMethod, encode_or_skip
-from shardmaker.build.sources import Pair, Skipped, scan_sources
-from shardmaker.build.writer import ShardWriter
+from shardmaker.builder.output import Output
+from shardmaker.builder.sample import EncodedSample, LrMethod, encode_or_skip
+from shardmaker.builder.sources import Pair, Skipped, scan_sources
+from shardmaker.builder.writer import ShardWriter
 from shardmaker.errors import BuildError, OnError
 from shardmaker.format.manifest import FORMAT, MANIFEST, Manifest, ManifestError, ShardInfo
 from shardmaker.format.manifest import parse as parse_manifest
 
-log = logging.getLogger("shardmaker.build")
+log = logging.getLogger("shardmaker.builder")
 
 
 def _content_hashes(pairs: list[Pair], opts: BuildConfig) -> list[str]:

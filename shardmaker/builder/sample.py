@@ -14,7 +14,7 @@ import numpy as np
 import xxhash
 
 from shardmaker import compat
-from shardmaker.build.sources import Pair, Skipped
+from shardmaker.builder.sources import Pair, Skipped
 from shardmaker.errors import InputError, OnError
 from shardmaker.format import tario
 from shardmaker.format.manifest import hr_member, lr_member, pair_fits
@@ -159,4 +159,4 @@ def encode_or_skip(pair: Pair, cfg: SampleConfig, on_error: OnError) -> EncodedS
         return Skipped(exc.path, exc.reason)
 
 
-__getattr__ = compat.module_getattr(__name__, {"PROVIDED": ("shardmaker.build.sample.LrMethod.PROVIDED", LrMethod.PROVIDED)})
+__getattr__ = compat.module_getattr(__name__, {"PROVIDED": ("shardmaker.builder.sample.LrMethod.PROVIDED", LrMethod.PROVIDED)})

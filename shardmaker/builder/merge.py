@@ -12,7 +12,7 @@ from shardmaker.errors import BuildError
 from shardmaker.format.manifest import MANIFEST, Manifest, ManifestError, shard_path
 from shardmaker.format.manifest import parse as parse_manifest
 
-log = logging.getLogger("shardmaker.build")
+log = logging.getLogger("shardmaker.builder")
 
 
 class PartsPending(BuildError):

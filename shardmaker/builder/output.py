@@ -8,13 +8,13 @@ import logging
 from typing import Any
 
 from shardmaker import storage
-from shardmaker.build import outdir
-from shardmaker.build.config import SHARD_FILE, STATE_DIR, BuildConfig, part_manifest_name, shard_name
-from shardmaker.build.sources import Skipped
+from shardmaker.builder import outdir
+from shardmaker.builder.config import SHARD_FILE, STATE_DIR, BuildConfig, part_manifest_name, shard_name
+from shardmaker.builder.sources import Skipped
 from shardmaker.errors import BuildError
 from shardmaker.format.manifest import MANIFEST, Manifest, ManifestError, ShardInfo
 
-log = logging.getLogger("shardmaker.build")
+log = logging.getLogger("shardmaker.builder")
 
 
 class Output:
