@@ -319,9 +319,10 @@ def test_default_prefetch_holds_one_images_patches(photo_shards):
         got = loader(k)
         assert got.prefetch_factor == want, k
         assert got._pool is not None and got._pool.slots == want + 3  # the slots follow it
-    # 16 x 3 x (192^2 + 384^2) bytes = 8.8 MB a batch: 7 of them fit in 64 MiB
-    assert loader(200, patch=384).prefetch_factor == 7
-    assert loader(640, batch=64, patch=384).prefetch_factor == 4  # never under the minimum
+    # 512 x 3 x (32^2 + 64^2) bytes = 7.9 MB a batch: 8 of them fit in 64 MiB (the photos' LR is too
+    # small for larger patches, which SRDataset now refuses up front)
+    assert loader(10240, batch=512, patch=64).prefetch_factor == 8
+    assert loader(40960, batch=2048, patch=64).prefetch_factor == 4  # never under the minimum
     assert loader(120, split="val").prefetch_factor == 4
     assert loader(120, prefetch_factor=2).prefetch_factor == 2
     with pytest.raises(ValueError, match="prefetch_factor must be >= 1"):
@@ -420,3 +421,28 @@ def test_a_script_exits_cleanly_with_workers_alive_and_a_terminated_worker_dies(
             proc.kill()
             proc.communicate()
     assert proc.returncode == 3 and "stopped: DataLoader worker" in out and line[1] in out, (out, err)  # that worker
+
+
+def test_patches_larger_than_the_images_are_refused_up_front(photo_shards, capsys):
+    """The manifest has every HR size: SRDataset counts the samples too small for one patch before
+    any read (an error under fail, or when none is left; a warning under skip), and so does
+    ``wdsr train --check`` (one line, exit 2)."""
+    import json
+
+    from wdsr.tools.cli import main as wdsr_main
+
+    sizes = sorted(min(w, h) // 2 for sh in json.loads((photo_shards / "manifest.json").read_text())["shards"]
+                   for w, h in sh["hr_sizes"])
+    p = 2 * (sizes[len(sizes) // 2] + 1)  # an HR patch that half the samples are too small for at x2
+    small = sum(s < p // 2 for s in sizes)
+    assert 0 < small < len(sizes)
+    with pytest.raises(ValueError, match=rf"{small} of {len(sizes)} samples have an LR smaller than the LR patch .*on_error='skip'"):
+        wdsr.SRDataset(str(photo_shards), scale=2, patch_size=p, patches_per_image=2, batch_size=2)
+    ds = wdsr.SRDataset(str(photo_shards), scale=2, patch_size=p, patches_per_image=2, batch_size=2, on_error="skip")
+    assert ds.manifest.samples == len(sizes)  # the rest still trains; the small ones are skipped with stand-ins
+    with pytest.raises(ValueError, match=rf"{len(sizes)} of {len(sizes)} samples .*; lower patch_size$"):
+        wdsr.SRDataset(str(photo_shards), scale=2, patch_size=2048, on_error="skip")
+    rc = wdsr_main(["train", "--data", str(photo_shards), "--out", "/nonexistent/run", "--scale", "2",
+                    "--patch-size", "1024", "--check"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "samples have an LR smaller than the LR patch 512x512" in err, err

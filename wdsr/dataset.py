@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -29,6 +30,7 @@ from wdsr.pipeline.decode import Verify
 from wdsr.pipeline.elastic import ElasticPlan, elastic_plan
 from wdsr.pipeline.epoch import Slot, elastic_pass, train_pass
 from wdsr.pipeline.handoff import BatchPool
+from wdsr.pipeline.patches import too_small
 from wdsr.pipeline.plan import TrainPlan, mix_counts, mix_segments, slice_length, slot_batches, val_plan
 from wdsr.pipeline.read import ShardReader
 from wdsr.pipeline.source import ErrorPolicy, MixSource, Source
@@ -36,6 +38,8 @@ from wdsr.pipeline.stats import SharedStats
 from wdsr.pipeline.val import ValSample, val_pass
 from wdsr.store import urls
 from wdsr.store.decoded import DecodedCache
+
+log = logging.getLogger("wdsr")
 
 __all__ = ["DatasetConfig", "OnError", "SRDataset", "Split", "ValSample", "collate"]
 
@@ -96,6 +100,7 @@ class SRDataset(IterableDataset):
                     f"{folder}: verify='sha256' needs sha256 digests per member; an index of foreign shards "
                     "(shardmaker index) records xxh3_64: use verify='xxh3_64'"
                 )
+            self._check_patches_fit(folder, m)
             reader = ShardReader(folder, m, storage_options, self.config.read_config())
             cache = self._decoded_cache(m, parts)
             sources.append(
@@ -107,6 +112,26 @@ class SRDataset(IterableDataset):
         self.identity = self.manifest.digest  # tells datasets (and mixes) apart in a saved state
         self.requested_epoch: int | None = None  # the last set_epoch(); loaders made later start there
         self._loaders: weakref.WeakSet[Any] = weakref.WeakSet()  # told of each set_epoch()
+
+    def _check_patches_fit(self, folder: str, m: fmt.Manifest) -> None:
+        """Samples whose LR is smaller than the LR patch, counted from the manifest before any read:
+        an error under ``on_error="fail"`` (or when none is left), a warning under ``skip``."""
+        c = self.config
+        if c.split is not Split.TRAIN:
+            return
+        bad, total, key, (w, h) = too_small(m.shards, c.scale, c.patch_size)
+        if not bad:
+            return
+        p = c.patch_size // c.scale
+        what = (
+            f"{bad} of {total} samples have an LR smaller than the LR patch {p}x{p} "
+            f"(patch_size {c.patch_size} / scale {c.scale}; e.g. {key!r}: LR {w}x{h})"
+        )
+        if c.on_error is OnError.FAIL or bad == total:
+            raise ValueError(
+                f"{folder}: {what}; lower patch_size" + ("" if bad == total else ", or skip them with on_error='skip'")
+            )
+        log.warning("%s: %s; they are skipped (on_error='skip')", folder, what)
 
     def _decoded_cache(self, m: fmt.Manifest, parts: list[tuple[str, fmt.Manifest]]) -> DecodedCache | None:
         """This dataset's part of the node-wide decoded cache; in a mix, each source gets the share

@@ -7,6 +7,8 @@ do not depend on world size, worker count or reading order, and any patch is com
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -100,6 +102,21 @@ def _mix(z: np.ndarray) -> np.ndarray:
         z = (z ^ (z >> _S30)) * _M1
         z = (z ^ (z >> _S27)) * _M2
     return z ^ (z >> _S31)
+
+
+def too_small(shards: Sequence[Any], scale: int, patch_size: int) -> tuple[int, int, str | None, tuple[int, int]]:
+    """From the manifest's HR sizes alone: how many samples of ``shards`` have an LR smaller than
+    the LR patch, out of how many, and the first of them (key, LR ``(w, h)``)."""
+    p = patch_size // scale
+    bad, total, first, first_lr = 0, 0, None, (0, 0)
+    for sh in shards:
+        hw = np.asarray(sh.hr_sizes, dtype=np.int64).reshape(-1, 2) // scale  # LR (w, h), the mod-crop dropped
+        small = np.flatnonzero((hw < p).any(axis=1))
+        total += len(hw)
+        if len(small) and first is None:
+            first, first_lr = sh.keys[int(small[0])], (int(hw[small[0], 0]), int(hw[small[0], 1]))
+        bad += len(small)
+    return bad, total, first, first_lr
 
 
 def draws(base: np.uint64, js: np.ndarray, tr: int, bounds: tuple[int, int, int]) -> np.ndarray:
