@@ -12,7 +12,7 @@ from typing import Any
 from shardmaker import __version__
 from shardmaker.builder import BuildConfig, build, merge_when_ready
 from shardmaker.builder.sample import LrMethod, SampleConfig
-from shardmaker.clikit import OneLineParser, parse_args, parse_part, parse_scales, parse_size
+from shardmaker.clikit import OneLineParser, configure_logging, parse_args, parse_part, parse_scales, parse_size, storage_error
 from shardmaker.errors import OnError, ShardmakerError
 from shardmaker.imaging.codecs import Codec
 from shardmaker.imaging.resize import ResizeMethod
@@ -299,7 +299,7 @@ def _build(args: argparse.Namespace) -> int:
     res = build(opts)
     rate = res.samples / res.seconds if res.seconds else 0.0
     print(
-        f"wrote {res.manifest_path}: {res.samples} samples in {res.shards} shards, "
+        f"wrote {res.manifest_url}: {res.samples} samples in {res.shards} shards, "
         f"{res.bytes / 1e6:.1f} MB ({res.reused_shards} shards kept from an earlier run), "
         f"{res.seconds:.1f} s, {rate:.2f} images/s"
     )
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(_parser(), argv)
     if isinstance(args, int):
         return args
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="shardmaker: %(message)s")
+    configure_logging("shardmaker", args.quiet)
     try:
         if args.cmd == "build":
             return _build(args)
@@ -349,6 +349,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"shardmaker {args.cmd}: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    except Exception as exc:  # an object store's client error (no endpoint, no credentials): one line too
+        why = storage_error(exc)
+        if why is None:
+            raise
+        print(f"shardmaker {args.cmd}: error: {why}", file=sys.stderr)
+        return 2
     return 2
 
 

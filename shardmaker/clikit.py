@@ -5,10 +5,11 @@ A public door of ``shardmaker``: ``wdsr``'s CLI and config files use these names
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 from typing import NoReturn
 
-__all__ = ["OneLineParser", "parse_args", "parse_part", "parse_scales", "parse_size"]
+__all__ = ["OneLineParser", "configure_logging", "parse_args", "parse_part", "parse_scales", "parse_size", "storage_error"]
 
 _UNITS = {
     "": 1,
@@ -70,3 +71,35 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
         return parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
+
+
+_CLIENTS = ("botocore", "aiobotocore", "s3fs", "aiohttp", "gcsfs", "adlfs", "google", "azure")
+_HINTS = {
+    "NoCredentialsError": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass storage_options",
+    "PartialCredentialsError": "set both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+    "EndpointConnectionError": "is the endpoint (AWS_ENDPOINT_URL) up and reachable?",
+    "ConnectTimeoutError": "is the endpoint (AWS_ENDPOINT_URL) up and reachable?",
+}
+
+
+def storage_error(exc: BaseException) -> str | None:
+    """One line for an error raised by an object-store client (a dead endpoint, missing or partial
+    credentials, a refused connection, ...), with what to check; None for any other error."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:  # s3fs may re-raise the client's error under its own
+        seen.add(id(e))
+        if (type(e).__module__ or "").split(".")[0] in _CLIENTS:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            hint = _HINTS.get(type(e).__name__)
+            return f"object storage: {type(e).__name__}: {first}" + (f" ({hint})" if hint else "")
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def configure_logging(prog: str, quiet: bool = False) -> None:
+    """Messages as ``prog: ...``: ours at INFO (WARNING with ``quiet``), everyone else's (botocore's
+    "Found credentials in environment variables.", fsspec's, ...) only from WARNING up."""
+    logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(message)s")
+    for name in ("shardmaker", "wdsr"):
+        logging.getLogger(name).setLevel(logging.WARNING if quiet else logging.INFO)

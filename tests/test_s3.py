@@ -6,6 +6,8 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +19,7 @@ from shardmaker.cli import main as shardmaker_main
 from shardmaker.format.manifest import load
 from tests.faultproxy import FaultProxy
 from tests.helpers import S3_BUCKET, FakeClock, build_shards, photos, save, torchrun, wait_until
-from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
+from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Server, free_port
 
 # Retry policies. None of them makes an assertion depend on the machine's speed:
 # - FAST: a held response is given up on after 2 s of silence. Only for tests that need a stall
@@ -490,3 +492,38 @@ def test_a_pooled_connection_the_server_closed_is_replaced_not_retried():
         remote._drop_connection(fresh)
     finally:
         srv.close()
+
+
+def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    return subprocess.run([sys.executable, "-m", *args], env={**base, "AWS_EC2_METADATA_DISABLED": "true", **env},
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_dead_endpoint_and_missing_credentials_are_one_line_and_exit_2(tmp_path):
+    """Every storage error class is one line and exit 2 (a pre-flight that exits 1 makes a Job retry);
+    no traceback. The endpoint is a closed port on 127.0.0.1; credentials are looked for nowhere else."""
+    dead = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
+            "AWS_MAX_ATTEMPTS": "1"}
+    nocreds = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_CONFIG_FILE": str(tmp_path / "none"),
+               "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    cases = [
+        (["shardmaker", "info", "s3://bucket/ds"], dead, "EndpointConnectionError"),
+        (["wdsr", "train", "--data", "s3://bucket/ds", "--out", str(tmp_path / "run"), "--check"], dead, "EndpointConnectionError"),
+        (["wdsr", "train", "--data", "s3://bucket/ds", "--out", str(tmp_path / "run"), "--check"], nocreds, "NoCredentialsError"),
+    ]
+    for args, env, what in cases:
+        r = _cli(args, env)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr[-2000:])
+        assert what in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_s3_commands_print_only_their_own_lines_with_s3_urls(s3, tmp_path, photo_src):
+    """botocore's INFO lines ("Found credentials in environment variables.") are not the tool's own;
+    the build summary names the manifest as the URL it was given (s3://...)."""
+    r = _cli(["shardmaker", "-q", "build", str(photo_src), f"s3://{S3_BUCKET}/urls", "--scale", "2", "--max-samples", "3",
+              "--workers", "1"], s3.env())
+    assert r.returncode == 0, r.stderr
+    assert f"wrote s3://{S3_BUCKET}/urls/manifest.json:" in r.stdout
+    r = _cli(["shardmaker", "info", f"s3://{S3_BUCKET}/urls"], s3.env())
+    assert r.returncode == 0 and "Found credentials" not in r.stderr + r.stdout, r.stderr

@@ -57,6 +57,7 @@ class BuildResult:
     skipped: list[Skipped]
     seconds: float
     complete: bool  # False for a part: run `shardmaker merge` once every part is done
+    manifest_url: str = ""  # manifest_path as a URL (s3://bucket/...; local paths stay plain)
 
 
 def shard_name(index: int, part: tuple[int, int] | None) -> str:

@@ -182,6 +182,7 @@ def _build_locked(opts: BuildConfig, out: Output, pairs: list[Pair], skipped_sca
             skipped_scan,
             time.perf_counter() - t0,
             opts.part is None,
+            storage.url_of(out.fs, manifest_path),
         )
     conflict = out.conflict(conflict)
     staging = out.path(outdir.STAGING)
@@ -258,6 +259,7 @@ def _build_locked(opts: BuildConfig, out: Output, pairs: list[Pair], skipped_sca
         skipped_all,
         time.perf_counter() - t0,
         opts.part is None,
+        storage.url_of(out.fs, manifest_path),
     )
 
 
@@ -271,7 +273,8 @@ def _replace(opts: BuildConfig, out: Output, staging: str) -> BuildResult:
     log.warning("--overwrite: building the new dataset in %s; the old one stays until it is complete", staging)
     res = build(dataclasses.replace(opts, out=storage.url_of(out.fs, staging), overwrite=False))
     outdir.swap_in(out.fs, out.root, staging, doomed, records)
-    return dataclasses.replace(res, manifest_path=out.path(MANIFEST))
+    final = out.path(MANIFEST)
+    return dataclasses.replace(res, manifest_path=final, manifest_url=storage.url_of(out.fs, final))
 
 
 def _close(writer: ShardWriter, out: Output, next_sample: int, skipped: list[Skipped]) -> ShardInfo:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import signal
 import sys
 from typing import Any
 
-from shardmaker.clikit import OneLineParser, parse_args, parse_size
+from shardmaker.clikit import OneLineParser, configure_logging, parse_args, parse_size, storage_error
 from wdsr.train.config import DEFAULT_STEPS
 
 
@@ -255,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(_parser(), argv)
     if isinstance(args, int):  # --help (0) or a usage error (2)
         return args
-    logging.basicConfig(level=logging.INFO, format="wdsr: %(message)s")
+    configure_logging("wdsr")
     try:
         return {"bench": _bench, "preview": _preview, "train": _train, "cache": _cache}[args.cmd](args)
     except KeyboardInterrupt:
@@ -263,6 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (ValueError, OSError) as exc:
         print(f"wdsr {args.cmd}: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # an object store's client error (no endpoint, no credentials): one line too
+        why = storage_error(exc)
+        if why is None:
+            raise
+        print(f"wdsr {args.cmd}: error: {why}", file=sys.stderr)
         return 2
 
 
