@@ -80,6 +80,7 @@ class _Shard:
     wds_samples: int  # samples as WebDataset groups them (first dot of the name): what wids counts
     problem: str | None = None
     extended_names: bool = False  # a member name needs a PAX or GNU long-name header (> 100 bytes or not ASCII)
+    unmatched: tuple[str, ...] = ()  # a few names (after the key's first dot) of members no --hr/--lr name matched
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +157,7 @@ def index_shard(fs: Any, path: str, name: str, cfg: IndexConfig, bar: Any = None
     wds_keys = 0
     last_wds: str | None = None
     extended = False
+    unmatched: dict[str, None] = {}
     size = fs.size(path)
     with fs.open(path, "rb", block_size=_CHUNK) as raw:
         f = _Hashing(raw, size, bar)
@@ -166,6 +168,8 @@ def index_shard(fs: Any, path: str, name: str, cfg: IndexConfig, bar: Any = None
                 if dot > 0 and e.name[:dot] != last_wds:
                     wds_keys, last_wds = wds_keys + 1, e.name[:dot]
                 if e.data is None:
+                    if len(unmatched) < 8 and dot > 0:
+                        unmatched.setdefault(e.name[dot + 1 :][:40], None)
                     continue
                 key, member = match(e.name)  # type: ignore[misc]
                 s = samples.setdefault(key, _Sample(key, {}))
@@ -185,7 +189,7 @@ def index_shard(fs: Any, path: str, name: str, cfg: IndexConfig, bar: Any = None
     for s in samples.values():
         if s.problem is None:
             s.problem = _check(s, cfg)
-    return _Shard(name, size, sha, probe, list(samples.values()), wds_keys, extended_names=extended)
+    return _Shard(name, size, sha, probe, list(samples.values()), wds_keys, extended_names=extended, unmatched=tuple(unmatched))
 
 
 def _check(s: _Sample, cfg: IndexConfig) -> str | None:
@@ -316,7 +320,12 @@ def _assemble(shards: list[_Shard], cfg: IndexConfig) -> tuple[list[mf.ShardInfo
                 continue
             seen[s.key] = sh.name
             good.append(s)
-        if not good:
+        if not good and not sh.samples and sh.unmatched:
+            asked = ", ".join([cfg.hr, *(f"{s}:{n}" for s, n in sorted(cfg.lr.items()))])
+            bad(
+                sh.name, None, f"no member matches the names asked for ({asked}); its members are named {', '.join(sh.unmatched)}"
+            )
+        elif not good:
             bad(sh.name, None, "no usable sample in this shard")
             continue
         good.sort(key=lambda s: min(v[0] for v in s.members.values()))

@@ -337,6 +337,14 @@ def test_index_refuses_what_it_cannot_index(tmp_path, refdata, capsys):
     assert any(s["shard"] == "part-0001.tar" and "bad tar data" in s["reason"] for s in m["build"]["skipped"])
 
 
+def test_member_names_that_match_nothing_are_listed_beside_those_asked_for(tmp_path, refdata, capsys):
+    folder, _ = _foreign_png(tmp_path, refdata)
+    assert _index(str(folder), "--hr", "hr.png", "--lr", "4:lr.png") == 2
+    err = capsys.readouterr().err.strip()
+    assert "no member matches the names asked for (hr.png, 4:lr.png); its members are named" in err, err
+    assert all(n in err for n in ("png", "x4.png", "cls")) and len(err.splitlines()) == 1, err
+
+
 def test_index_on_s3_then_stream_from_s3(tmp_path, refdata, s3):
     folder, expect = _foreign_png(tmp_path, refdata)
     import fsspec
