@@ -248,3 +248,7 @@ def test_every_dataset_option_is_a_train_setting_with_sizes_in_units(tmp_path):
         make_config({"data": "/d", "out": "/o", "decoded_cache_limit": "lots"})
     with pytest.raises(ValueError, match="unknown setting 'shufle_buffer'"):
         make_config({"data": "/d", "out": "/o", "shufle_buffer": 8})
+
+
+def test_workers_default_to_the_cores_this_process_has_at_most_8():
+    assert make_config({"data": "/d", "out": "/o"}).workers == max(1, min(8, len(os.sched_getaffinity(0))))

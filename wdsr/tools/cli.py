@@ -117,7 +117,7 @@ def _train_parser(sub: Any) -> None:
     t.add_argument("--patch-size", type=int, help="HR patch side, a multiple of --scale (default 192)")
     t.add_argument("-k", "--patches-per-image", type=int, help="patches cut per decoded pair (default 16)")
     t.add_argument("--batch-size", type=int, help="patches per batch per rank (default 16)")
-    t.add_argument("--workers", type=int, help="DataLoader workers per rank (default 8)")
+    t.add_argument("--workers", type=int, help="DataLoader workers per rank (default: this machine's cores, at most 8)")
     t.add_argument("--shuffle-buffer", type=int, help="patches in each worker's shuffle buffer (default 1024)")
     t.add_argument("--steps", type=int, help=f"optimizer steps in all (default {DEFAULT_STEPS} unless --epochs)")
     t.add_argument("--epochs", type=int, help="passes over the data instead of --steps")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,15 @@ class Device(str, enum.Enum):
 DEFAULT_STEPS = 100_000
 
 
+def default_workers() -> int:
+    """DataLoader workers per rank by default: the cores this process may use, at most 8."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores))
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     data: str
@@ -49,7 +59,7 @@ class TrainConfig:
     dataset: DatasetConfig = dataclasses.field(default_factory=DatasetConfig)  # the train set's options
     val_data: str | None = None
     model: ModelName = ModelName.EDSR_BASELINE
-    workers: int = 8
+    workers: int = dataclasses.field(default_factory=lambda: default_workers())  # the machine's cores, at most 8
     steps: int | None = None
     epochs: int | None = None
     lr: float = 2e-4
