@@ -129,3 +129,12 @@ def test_no_function_over_100_lines(package):
 def test_the_face_is_small():
     top = sorted(p.name for p in (ROOT / "wdsr").glob("*.py"))
     assert len(top) <= 14, top
+
+
+def test_the_license_is_an_spdx_string():
+    """setuptools stops building projects whose ``project.license`` is a table on 2027-02-18."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert meta["project"]["license"] == "Apache-2.0"
+    assert any(r.startswith("setuptools>=77") for r in meta["build-system"]["requires"])
