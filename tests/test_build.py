@@ -190,6 +190,14 @@ def test_rerun_is_a_no_op_and_a_different_dataset_is_refused(capsys, tmp_path, h
     assert load_manifest(str(out)).scales == [3] and len(shard_hashes(out)) == 1
 
 
+def test_an_out_inside_the_sources_is_refused(capsys, tmp_path, hr_tree):
+    """A later scan of HR_SRC would walk the build's own output: refused before anything is written."""
+    rc, _, se = sm(capsys, "build", hr_tree, Path(hr_tree) / "shards")
+    assert rc == 2 and "OUT is inside the source folder" in se and len(se.strip().splitlines()) == 1, se
+    assert not (Path(hr_tree) / "shards").exists()
+    assert sm(capsys, "build", hr_tree, tmp_path / "beside", "--max-samples", "2")[0] == 0  # beside it is fine
+
+
 def test_verify_names_shard_and_key(capsys, tmp_path, hr_tree):
     out = tmp_path / "o"
     assert sm(capsys, "build", hr_tree, out, "--max-samples", "3")[0] == 0

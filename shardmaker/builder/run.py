@@ -62,6 +62,17 @@ def _hr_sources(opts: BuildConfig) -> tuple[str, ...]:
     return (opts.hr_src,) if isinstance(opts.hr_src, str) else tuple(opts.hr_src)
 
 
+def _refuse_out_inside_sources(opts: BuildConfig) -> None:
+    """OUT inside an HR (or LR) folder: a later scan would walk the build's own output; refused."""
+    fs, out = fsspec.core.url_to_fs(opts.out, **(opts.sample.storage_options or {}))
+    for src in (*_hr_sources(opts), *opts.lr_srcs):
+        if "{" in src:
+            continue  # a brace pattern names files, not a folder to walk
+        fs2, root = fsspec.core.url_to_fs(src, **(opts.sample.storage_options or {}))
+        if type(fs2) is type(fs) and (out.rstrip("/") + "/").startswith(root.rstrip("/") + "/"):
+            raise BuildError(f"{opts.out}: OUT is inside the source folder {src}; choose an OUT outside it")
+
+
 def fingerprint(pairs: list[Pair], opts: BuildConfig) -> str:
     """Hash of everything that decides the dataset's bytes: sources by name, pixel size, file size
     and modification stamp (content hash with ``strict_resume``), and the flags. A source edited in
@@ -146,6 +157,7 @@ def _manifest(opts: BuildConfig, fp: str, shards: list[ShardInfo], skipped: list
 def build(opts: BuildConfig) -> BuildResult:
     """Run a whole (or part) build; see the module docstring for the crash-safety contract."""
     t0 = time.perf_counter()
+    _refuse_out_inside_sources(opts)
     pairs, skipped_scan = scan_sources(
         _hr_sources(opts), opts.lr_srcs, opts.sample.mod_crop, opts.on_error, opts.sample.storage_options
     )
