@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 TORCH  := torch==2.13.0
 
-.PHONY: demo test test-fast lint
+.PHONY: demo test test-fast lint s3-dev
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,3 +28,8 @@ lint: $(VENV)/.installed
 # the edit-test loop: no S3 server, no torchrun or other multi-process tests (CI runs `make test`)
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -m "not slow and not s3"
+
+# a local S3 (SeaweedFS, bound to 127.0.0.1, the tests' settings) to try the S3 path: prints the
+# AWS_* variables to export in another shell; Ctrl-C stops it
+s3-dev: $(VENV)/.installed
+	$(PY) -m tests.s3server --dir .s3-dev

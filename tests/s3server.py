@@ -152,3 +152,33 @@ class S3Server:
         if self._moto is not None:
             self._moto.stop()
             self._moto = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``make s3-dev``: a SeaweedFS S3 server on 127.0.0.1 (the tests' own settings) with a bucket,
+    to try the S3 path by hand; prints the variables to export, then serves until Ctrl-C."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m tests.s3server", description=main.__doc__)
+    p.add_argument("--dir", default=".s3-dev", help="where the server keeps its data (default .s3-dev)")
+    p.add_argument("--bucket", default="wdsr", help="a bucket to create (default wdsr)")
+    args = p.parse_args(argv)
+    server = S3Server(Path(args.dir).resolve())
+    server.start()
+    try:
+        server.make_bucket(args.bucket)
+        print(f"# S3 ({server.kind}) on {server.endpoint}, bucket s3://{args.bucket}; Ctrl-C stops it. In another shell:")
+        for k, v in server.env().items():
+            print(f"export {k}={v}")
+        sys.stdout.flush()
+        signal.sigwait({signal.SIGINT, signal.SIGTERM}) if hasattr(signal, "sigwait") else signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    sys.exit(main())

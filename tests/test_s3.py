@@ -6,6 +6,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -527,3 +528,30 @@ def test_s3_commands_print_only_their_own_lines_with_s3_urls(s3, tmp_path, photo
     assert f"wrote s3://{S3_BUCKET}/urls/manifest.json:" in r.stdout
     r = _cli(["shardmaker", "info", f"s3://{S3_BUCKET}/urls"], s3.env())
     assert r.returncode == 0 and "Found credentials" not in r.stderr + r.stdout, r.stderr
+
+
+@pytest.mark.slow
+def test_make_s3_dev_serves_a_bucket_until_interrupted(tmp_path):
+    """``make s3-dev`` (python -m tests.s3server): the printed variables reach a working bucket; SIGINT stops it."""
+    proc = subprocess.Popen([sys.executable, "-m", "tests.s3server", "--dir", str(tmp_path / "s3"), "--bucket", "try"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        env = {}
+        for line in proc.stdout:
+            if line.startswith("export "):
+                k, _, v = line[len("export "):].strip().partition("=")
+                env[k] = v
+            if "AWS_EC2_METADATA_DISABLED" in env:
+                break
+        assert env["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:"), env
+        fs = s3fs.S3FileSystem(key=env["AWS_ACCESS_KEY_ID"], secret=env["AWS_SECRET_ACCESS_KEY"],
+                               endpoint_url=env["AWS_ENDPOINT_URL"], skip_instance_cache=True)
+        fs.pipe("try/hello.txt", b"hi")
+        assert fs.cat("try/hello.txt") == b"hi"
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        proc.stdout.close()
