@@ -1,13 +1,13 @@
 # The wdsr image used by k8s/ (image: wdsr). It installs the package the way the README does:
-# torch pinned first, then the package with its extras.
-#   CPU:  docker build -t wdsr:dev .
-#   CUDA: docker build -t wdsr:cuda --build-arg BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 .
-# A CUDA base gets the CUDA build of torch from PyPI; on a CPU base, pass TORCH_INDEX (an extra
-# pip index holding CPU-only torch wheels) to keep the image small.
+# torch pinned first, then the package with its extras. Two images, each one documented line:
+#   CPU (the default, small: torch's CPU-only wheel from its CPU index):
+#     docker build -t wdsr:dev .
+#   CUDA (a CUDA base, and the CUDA build of torch from PyPI: no CPU index):
+#     docker build -t wdsr:cuda --build-arg BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 --build-arg TORCH_INDEX= .
 ARG BASE=python:3.11-slim
 FROM ${BASE}
 ARG TORCH=torch==2.13.0
-ARG TORCH_INDEX=
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG EXTRAS=s3,demo
 RUN if ! command -v python3 >/dev/null; then \
       apt-get update && apt-get install -y --no-install-recommends python3 python3-venv && rm -rf /var/lib/apt/lists/*; \

@@ -138,3 +138,9 @@ def test_the_license_is_an_spdx_string():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert meta["project"]["license"] == "Apache-2.0"
     assert any(r.startswith("setuptools>=77") for r in meta["build-system"]["requires"])
+
+
+def test_the_default_image_is_the_small_cpu_one_and_cuda_is_one_documented_line():
+    text = (ROOT / "Dockerfile").read_text()
+    assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu\n" in text  # without it PyPI's torch is the CUDA build
+    assert "--build-arg BASE=nvidia/cuda" in text and "--build-arg TORCH_INDEX= ." in text
