@@ -1,4 +1,4 @@
-"""``shardmaker`` command line: parsing only; the work lives in build.py and verify.py."""
+"""``shardmaker`` command line: parsing only; the work lives in builder/, index.py, verify.py and peek.py."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from shardmaker.errors import OnError, ShardmakerError
 from shardmaker.imaging.codecs import Codec
 from shardmaker.imaging.resize import ResizeMethod
 from shardmaker.index import IndexConfig, index
+from shardmaker.peek import cat, ls_lines
 from shardmaker.verify import info_text, verify
 
 log = logging.getLogger("shardmaker")
@@ -35,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     _merge_parser(sub)
     _index_parser(sub)
     _check_parsers(sub)
+    _peek_parsers(sub)
     return p
 
 
@@ -63,7 +65,14 @@ def _build_parser(sub: Any) -> None:
         default=[],
         metavar="SRC",
         help="folder of provided LR images, one per scale (repeatable); pairs by relative name, "
-        "or name + 'x<scale>' (babyx4.png); the scale is read from the size ratio",
+        "or name + 'x<scale>' (babyx4.png), or as --lr-pattern says; the scale is read from the size ratio",
+    )
+    b.add_argument(
+        "--lr-pattern",
+        default=None,
+        metavar="PATTERN",
+        help="the LR file names of --lr folders, without extension, from the HR name {stem} and the scale {s}: "
+        "'{stem}_LRBI_x{s}' (RCAN), '{stem}_SRF_{s}_LR' (Urban100), '{stem}_LR'; {s} must agree with the size ratio",
     )
     b.add_argument(
         "--scale", type=parse_scales, default=None, help="scales to generate without --lr, e.g. 4 or 2,3,4 (default 4)"
@@ -234,6 +243,34 @@ def _check_parsers(sub: Any) -> None:
     i.add_argument("url", metavar="URL")
 
 
+def _peek_parsers(sub: Any) -> None:
+    ls = sub.add_parser(
+        "ls",
+        help="list the shards (name, samples, bytes); --keys: every sample's key and HR size",
+        description="List a shard set from its manifest: one line per shard (name, samples, bytes) and the "
+        "total; with --keys one line per sample: shard, key, HR size (WxH). Reads only the manifest.",
+    )
+    ls.add_argument("url", metavar="URL", help="the dataset folder, or its manifest's URL when it has another name")
+    ls.add_argument("--keys", action="store_true", help="one line per sample: shard, key, HR size")
+    c = sub.add_parser(
+        "cat",
+        help="write one sample's members as files into DIR",
+        description="Write the members of sample KEY as files into DIR ({key}.json, {key}.hr.png, "
+        "{key}.lr_x4.png, ...; an index's members under their names); '/' in the key becomes folders. "
+        "One range read of the shard; the bytes are checked against the manifest and the sample's hashes.",
+    )
+    c.add_argument("url", metavar="URL", help="the dataset folder, or its manifest's URL when it has another name")
+    c.add_argument("key", metavar="KEY", help="the sample's key, as `shardmaker ls URL --keys` prints it")
+    c.add_argument("-o", "--out", required=True, metavar="DIR", help="local folder to write into (made if missing)")
+
+
+def _cat(args: argparse.Namespace) -> int:
+    res = cat(args.url, args.key, args.out)
+    for path in res.files:
+        print(path)
+    return 0
+
+
 def _scale_member(text: str) -> tuple[int, str]:
     scale, _, name = text.partition(":")
     if not scale.strip().isdigit() or not name or not 2 <= int(scale) <= 16:
@@ -285,6 +322,7 @@ def _build(args: argparse.Namespace) -> int:
         hr_src=args.hr_src[0] if len(args.hr_src) == 1 else tuple(args.hr_src),
         out=args.out,
         lr_srcs=tuple(args.lr),
+        lr_pattern=args.lr_pattern,
         sample=cfg,
         shard_size=args.shard_size,
         max_samples=args.max_samples,
@@ -340,6 +378,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "info":
             print(info_text(args.url))
             return 0
+        if args.cmd == "ls":
+            for line in ls_lines(args.url, keys=args.keys):
+                print(line)
+            return 0
+        if args.cmd == "cat":
+            return _cat(args)
     except (ShardmakerError, ValueError) as exc:
         print(f"shardmaker {args.cmd}: error: {exc}", file=sys.stderr)
         return 2

@@ -7,7 +7,7 @@ import re
 
 from shardmaker import compat
 from shardmaker.builder.sample import SampleConfig
-from shardmaker.builder.sources import Skipped
+from shardmaker.builder.sources import Skipped, lr_name_pattern
 from shardmaker.errors import OnError
 
 STATE_DIR = "_build"
@@ -20,6 +20,7 @@ class BuildConfig:
     hr_src: str | tuple[str, ...]  # a folder; several folders or brace patterns of files (keys prefixed)
     out: str
     lr_srcs: tuple[str, ...] = ()
+    lr_pattern: str | None = None  # how LR files are named: '{stem}_LRBI_x{s}'; None: same stem or stem + x{s}
     sample: SampleConfig = dataclasses.field(default_factory=lambda: SampleConfig(scales=(4,)))
     shard_size: int = 256 * 10**6
     max_samples: int | None = None
@@ -37,6 +38,10 @@ class BuildConfig:
             compat.warn("BuildConfig(skip_errors=...)", "BuildConfig(on_error=OnError.SKIP)", stacklevel=4)
             object.__setattr__(self, "on_error", OnError.SKIP if skip_errors else OnError.FAIL)
         object.__setattr__(self, "on_error", OnError(self.on_error))
+        if self.lr_pattern is not None:
+            lr_name_pattern(self.lr_pattern)
+            if not self.lr_srcs:
+                raise ValueError("--lr-pattern names the files of --lr folders; give at least one --lr")
         if self.shard_size < 4096:
             raise ValueError(f"--shard-size must be at least 4096 bytes, got {self.shard_size}")
         if self.max_samples is not None and self.max_samples < 1:

@@ -95,6 +95,8 @@ def fingerprint(pairs: list[Pair], opts: BuildConfig) -> str:
         "parts": opts.part[1] if opts.part else None,
         "skip_errors": opts.on_error is OnError.SKIP,  # key kept: fingerprints of earlier builds stay valid
     }
+    if opts.lr_pattern is not None:  # only when given: fingerprints of builds without one stay valid
+        doc["lr_pattern"] = opts.lr_pattern
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -159,7 +161,7 @@ def build(opts: BuildConfig) -> BuildResult:
     t0 = time.perf_counter()
     _refuse_out_inside_sources(opts)
     pairs, skipped_scan = scan_sources(
-        _hr_sources(opts), opts.lr_srcs, opts.sample.mod_crop, opts.on_error, opts.sample.storage_options
+        _hr_sources(opts), opts.lr_srcs, opts.sample.mod_crop, opts.on_error, opts.sample.storage_options, opts.lr_pattern
     )
     if opts.lr_srcs:
         scales = tuple(s for s, _, _ in pairs[0].lr)

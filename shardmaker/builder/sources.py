@@ -3,6 +3,8 @@
 Pairing: an LR file pairs with the HR file of the same relative stem, or of that stem with an
 ``x{s}`` suffix removed (``0001x4.png``, ``babyx4.png``: DIV2K and Set5 naming). The scale is
 read from the size ratio (HR may exceed s x LR by less than s on each side: the usual mod-crop).
+With an LR name pattern (``--lr-pattern '{stem}_LRBI_x{s}'``), an LR file pairs only with the HR
+file whose stem the pattern gives, and a ``{s}`` in its name must agree with the size ratio.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import os
 import posixpath
 import re
+import string
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -25,6 +28,31 @@ from shardmaker.imaging import codecs
 
 log = logging.getLogger(__name__)
 _XSUFFIX = re.compile(r"^(.*?)x(\d+)$")
+_PATTERN_FIELDS = {"stem": r"(?P<stem>.+)", "s": r"(?P<s>\d+)"}
+
+
+def lr_name_pattern(pattern: str) -> re.Pattern[str]:
+    """``--lr-pattern`` (``{stem}_LRBI_x{s}``: the LR file's stem from the HR stem and the scale,
+    no extension) as a regex matching LR stems; ValueError in one line when it is not one."""
+    what = f"--lr-pattern {pattern!r}"
+    try:
+        fields = list(string.Formatter().parse(pattern))
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc} (write it like '{{stem}}_LRBI_x{{s}}')") from None
+    regex, seen = "", set()
+    for literal, name, spec, conversion in fields:
+        regex += re.escape(literal)
+        if name is None:
+            continue
+        if name not in _PATTERN_FIELDS or spec or conversion:
+            raise ValueError(f"{what}: only the fields {{stem}} and {{s}} are allowed, got {{{name}}}")
+        regex += f"(?P={name})" if name in seen else _PATTERN_FIELDS[name]
+        seen.add(name)
+    if "stem" not in seen:
+        raise ValueError(f"{what}: must contain {{stem}}, the HR file's name without extension")
+    if pattern.lower().endswith(codecs.SOURCE_EXTENSIONS):
+        raise ValueError(f"{what}: give the name without its extension")
+    return re.compile(regex)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +123,7 @@ def scan_sources(
     mod_crop: bool = True,
     on_error: OnError = OnError.FAIL,
     storage_options: dict[str, Any] | None = None,
+    lr_pattern: str | None = None,
 ) -> tuple[list[Pair], list[Skipped]]:
     """Pairs from one or several HR sources: folders, or brace patterns of image files
     (``photos/{0001..0800}.png``). One folder is :func:`scan` itself. Otherwise each source's keys
@@ -102,7 +131,7 @@ def scan_sources(
     so keys from different sources never collide; LR folders (``--lr``) pair with one HR folder only."""
     hr_srcs = list(hr_srcs)
     if len(hr_srcs) == 1 and "{" not in hr_srcs[0]:
-        return scan(hr_srcs[0], lr_urls, mod_crop, on_error, storage_options)
+        return scan(hr_srcs[0], lr_urls, mod_crop, on_error, storage_options, lr_pattern=lr_pattern)
     if list(lr_urls):
         raise InputError(hr_srcs[0], "--lr pairs with one HR folder; build each dataset and mix them (SRDataset([a, b]))")
     groups: list[tuple[str, frozenset[str] | None]] = []  # (folder URL, files in it or None for all)
@@ -209,10 +238,14 @@ def scan(
     storage_options: dict[str, Any] | None = None,
     only: frozenset[str] | None = None,
     key_prefix: str = "",
+    lr_pattern: str | None = None,
 ) -> tuple[list[Pair], list[Skipped]]:
     """All pairs under ``hr_url``, sorted by key; problems raise, or are listed when skipping.
-    ``only``: just these image paths under it; ``key_prefix``: put before every key and relative name."""
+    ``only``: just these image paths under it; ``key_prefix``: put before every key and relative name;
+    ``lr_pattern``: how LR files are named (:func:`lr_name_pattern`; default: same stem or stem + x{s})."""
     lr_urls = list(lr_urls)
+    if lr_pattern is not None:
+        lr_name_pattern(lr_pattern)  # a bad pattern fails before any folder is read
     fs, hr_root = _open_root(hr_url, "HR source folder", storage_options)
     lr_roots = [_open_root(u, "LR source folder", storage_options) for u in lr_urls]
     out = _Collector(OnError(on_error))
@@ -227,7 +260,7 @@ def scan(
     hr = _hr_images(hr_url, fs, hr_root, list(hr_stamps), key_prefix, out)
     stamps: dict[str, str] = dict(hr_stamps)
     for url, (lfs, lroot) in zip(lr_urls, lr_roots, strict=True):
-        _match_lr_folder(url, lfs, lroot, hr, stamps, mod_crop, out)
+        _match_lr_folder(url, lfs, lroot, hr, stamps, mod_crop, out, lr_pattern)
     pairs = []
     for key in sorted(hr.by_key):
         if key in hr.bad:
@@ -290,10 +323,33 @@ def _hr_images(hr_url: str, fs: Any, hr_root: str, paths: list[str], key_prefix:
     return _HrImages(hr_url, by_key, hr_rel, stem_to_key, sizes, bad, {k: [] for k in by_key})
 
 
+def _hr_key_of(stem: str, hr: _HrImages, names: re.Pattern[str] | None) -> tuple[str | None, int | None]:
+    """The HR key an LR stem pairs with, and the scale its name says (None where it says none)."""
+    if names is not None:
+        m = names.fullmatch(stem)
+        if m is None:
+            return None, None
+        return hr.stem_to_key.get(m.group("stem")), int(m.group("s")) if "s" in names.groupindex else None
+    key = hr.stem_to_key.get(stem)
+    if key is None:
+        m = _XSUFFIX.match(stem)
+        if m:
+            return hr.stem_to_key.get(m.group(1)), int(m.group(2))
+    return key, None
+
+
 def _match_lr_folder(
-    url: str, lfs: Any, lroot: str, hr: _HrImages, stamps: dict[str, str], mod_crop: bool, out: _Collector
+    url: str,
+    lfs: Any,
+    lroot: str,
+    hr: _HrImages,
+    stamps: dict[str, str],
+    mod_crop: bool,
+    out: _Collector,
+    lr_pattern: str | None = None,
 ) -> None:
     """Pair the LR images of one ``--lr`` folder with the HR images (one scale per folder)."""
+    names = lr_name_pattern(lr_pattern) if lr_pattern is not None else None
     matched: dict[str, str] = {}
     dir_scale: int | None = None
     dir_example = ""
@@ -302,15 +358,10 @@ def _match_lr_folder(
         stamps[storage.url_of(lfs, lpath)] = lr_stamps[lpath]
         lrel = posixpath.relpath(lpath, lroot)
         stem = posixpath.splitext(lrel)[0]
-        key = hr.stem_to_key.get(stem)
-        suffix_scale = None
+        key, suffix_scale = _hr_key_of(stem, hr, names)
         if key is None:
-            m = _XSUFFIX.match(stem)
-            if m:
-                key = hr.stem_to_key.get(m.group(1))
-                suffix_scale = int(m.group(2))
-        if key is None:
-            out.problem(lpath, f"LR image has no HR image in {hr.url} (same relative name, or name + 'x<scale>')")
+            rule = f"named by --lr-pattern {lr_pattern!r}" if lr_pattern else "same relative name, or name + 'x<scale>'"
+            out.problem(lpath, f"LR image has no HR image in {hr.url} ({rule})")
             continue
         if key in matched:
             out.problem(lpath, f"second LR image for HR {hr.by_key[key]} in this folder (first: {matched[key]})")

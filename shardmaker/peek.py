@@ -1,0 +1,176 @@
+"""``shardmaker ls`` and ``cat``: what a shard set holds, and one sample's members as files.
+
+Everything goes through :mod:`shardmaker.format`: the manifest is checked on load, a shard's
+location is :func:`shard_path`, and a sample is one range read (``ShardInfo.offsets``, or the
+member places of an index of foreign shards) bounded by the manifest, parsed with the bounded tar
+reader and checked against the digests the set records before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from shardmaker import format as mf
+from shardmaker import storage
+from shardmaker.errors import ShardmakerError
+from shardmaker.format import Manifest, ShardInfo, tario
+
+__all__ = ["PeekError", "SampleFiles", "cat", "ls_lines", "manifest_of"]
+
+_MAX_JSON = 1 << 20  # a {key}.json member is a few hundred bytes; refuse to parse anything huge
+
+
+class PeekError(ShardmakerError, ValueError):
+    """A key that is not in the set, or a sample whose bytes are not what the manifest says."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleFiles:
+    """What :func:`cat` wrote: the shard it read and each file, in member order."""
+
+    shard: str
+    files: list[Path]
+
+
+def manifest_of(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Manifest, str]:
+    """The checked manifest and the dataset folder: ``url`` is the folder, or the URL of a manifest
+    in it with another name (``shardmaker index -o``)."""
+    folder, name = url, mf.MANIFEST
+    if url.endswith(".json"):
+        folder, _, name = url.rpartition("/")
+        folder = folder or "."
+    return mf.load(folder, storage_options, name=name), folder
+
+
+def ls_lines(url: str, keys: bool = False, storage_options: dict[str, Any] | None = None) -> Iterator[str]:
+    """One line per shard (name, samples, bytes) and a total; with ``keys``, one line per sample
+    instead: shard, key and HR size (``W x H``)."""
+    m, _ = manifest_of(url, storage_options)
+    if keys:
+        width = max(len(sh.name) for sh in m.shards)
+        for sh in m.shards:
+            for key, (w, h) in zip(sh.keys, sh.hr_sizes, strict=True):
+                yield f"{sh.name:<{width}}  {key}  {int(w)}x{int(h)}"
+        return
+    width = max(len("shard"), *(len(sh.name) for sh in m.shards))
+    yield f"{'shard':<{width}}  {'samples':>8}  {'bytes':>14}"
+    for sh in m.shards:
+        yield f"{sh.name:<{width}}  {sh.samples:>8}  {sh.bytes:>14}"
+    yield f"{f'{len(m.shards)} shards':<{width}}  {m.samples:>8}  {m.bytes:>14}"
+
+
+def _find(m: Manifest, key: str, url: str) -> tuple[ShardInfo, int]:
+    for sh in m.shards:
+        for i, k in enumerate(sh.keys):
+            if k == key:
+                return sh, i
+    near = difflib.get_close_matches(key, [k for sh in m.shards for k in sh.keys], n=3)
+    hint = f"; close: {', '.join(near)}" if near else ""
+    raise PeekError(f"{url}: no sample with key {key!r}{hint} (list them: shardmaker ls {url} --keys)")
+
+
+def _read_range(fs: Any, path: str, start: int, n: int) -> bytes:
+    with fs.open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(n)
+    if len(data) != n:
+        raise PeekError(f"{path}: {len(data)} bytes at byte {start}, the manifest promises {n} (a shorter shard?)")
+    return data
+
+
+def _own_members(m: Manifest, sh: ShardInfo, i: int, data: bytes) -> dict[str, bytes]:
+    """The members of sample ``i`` of one of shardmaker's shards, from its bytes (read from its
+    offset): exactly ``json``, ``hr.ext`` and one ``lr_x{s}.ext`` per scale, under its key."""
+    key = sh.keys[i]
+    where = f"{sh.name} key {key!r}"
+    want = [mf.JSON_MEMBER, mf.hr_member(m.codec), *(mf.lr_member(s, m.codec) for s in m.scales)]
+    try:
+        got_key, offset, members = next(tario.iter_samples(io.BytesIO(data), limit=len(data)))
+    except StopIteration:
+        raise PeekError(f"{where}: no tar member at byte {sh.offsets[i]}") from None
+    except tario.TarFormatError as exc:
+        raise PeekError(f"{where}: {exc}") from None
+    if got_key != key or offset != 0 or list(members) != want:
+        raise PeekError(f"{where}: found {got_key!r} with members {list(members)} where the manifest puts it")
+    meta = _sample_json(members[mf.JSON_MEMBER], where)
+    sums = meta.get("sha256")
+    if meta.get("key") != key or type(sums) is not dict or sorted(sums) != sorted(want[1:]):
+        raise PeekError(f"{where}: its {key}.json does not describe this sample")
+    for name in want[1:]:
+        if hashlib.sha256(members[name]).hexdigest() != sums[name]:
+            raise PeekError(f"{where}: {name} does not match the sha256 in {key}.json")
+    return members
+
+
+def _sample_json(raw: bytes, where: str) -> dict[str, Any]:
+    if len(raw) > _MAX_JSON:
+        raise PeekError(f"{where}: json member of {len(raw)} bytes")
+    try:
+        meta = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise PeekError(f"{where}: json member is not valid JSON") from None
+    if type(meta) is not dict:
+        raise PeekError(f"{where}: json member is not an object")
+    return meta
+
+
+def _foreign_members(sh: ShardInfo, i: int, fs: Any, path: str) -> dict[str, bytes]:
+    """The indexed members of sample ``i`` of a foreign shard: each read at its recorded place,
+    under its name, checked against its recorded xxh3_64."""
+    assert sh.members is not None
+    key = sh.keys[i]
+    out = {}
+    for name, cols in sh.members.items():
+        start, n = int(cols.offsets[i]), int(cols.bytes[i])
+        data = _read_range(fs, path, start, n)
+        try:
+            entries = list(tario.iter_entries(io.BytesIO(data), limit=n))
+        except tario.TarFormatError as exc:
+            raise PeekError(f"{sh.name} key {key!r}: {name} at byte {start}: {exc}") from None
+        if len(entries) != 1 or entries[0].name != f"{key}.{name}":
+            raise PeekError(f"{sh.name} key {key!r}: no member {key}.{name} at byte {start}, where the index puts it")
+        if xxhash.xxh3_64_intdigest(entries[0].data) != int(cols.xxh3_64[i]):
+            raise PeekError(f"{sh.name} key {key!r}: {name} does not match its xxh3_64 in the index")
+        out[name] = entries[0].data
+    return out
+
+
+def _target(out_dir: Path, key: str, name: str) -> Path:
+    """``DIR/{key}.{name}``, ``/`` in the key made folders; never outside ``DIR``."""
+    parts = key.split("/")
+    if any(p in ("", ".", "..") or "\\" in p for p in parts):
+        raise PeekError(f"key {key!r} is not a relative path")
+    path = out_dir.joinpath(*parts[:-1], f"{parts[-1]}.{name}")
+    if not path.resolve().is_relative_to(out_dir.resolve()):
+        raise PeekError(f"key {key!r} leads out of {out_dir}")
+    return path
+
+
+def cat(url: str, key: str, out_dir: str | Path, storage_options: dict[str, Any] | None = None) -> SampleFiles:
+    """Write the members of sample ``key`` as files into ``out_dir`` (``{key}.json``,
+    ``{key}.hr.png``, ``{key}.lr_x4.png`` ...; an index's members under their names), once all are
+    read and checked."""
+    m, folder = manifest_of(url, storage_options)
+    sh, i = _find(m, key, url)
+    fs, root = storage.open_dir(folder, storage_options)
+    path = mf.shard_path(root, sh.name)
+    if sh.members is not None:
+        members = _foreign_members(sh, i, fs, path)
+    else:
+        end = int(sh.offsets[i + 1]) if i + 1 < sh.samples else sh.bytes
+        members = _own_members(m, sh, i, _read_range(fs, path, int(sh.offsets[i]), end - int(sh.offsets[i])))
+    out = Path(out_dir)
+    files = [_target(out, key, name) for name in members]
+    for target, data in zip(files, members.values(), strict=True):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    return SampleFiles(sh.name, files)
