@@ -1,8 +1,8 @@
 """Run the pods of rendered Kubernetes Jobs as local processes, the way the kubelet would start them.
 
 What is taken from the manifests as is: each container's command and args, its env (``value``,
-``fieldRef`` to the Job's completion index, ``envFrom`` ConfigMaps and Secrets, ``$(VAR)``
-expansion as Kubernetes does it) and its configMap volumes (files written where the container
+``fieldRef`` to the Job's completion index, ``configMapKeyRef``/``secretKeyRef``, ``envFrom``
+ConfigMaps and Secrets, ``$(VAR)`` expansion as Kubernetes does it) and its configMap volumes (files written where the container
 would see them). What is mapped: mount paths to local folders, the image's programs to this
 venv's, the S3 endpoint and credentials to the test server, the rendezvous Service's DNS name to
 127.0.0.1. Anything left unresolved fails the test instead of being guessed.
@@ -25,6 +25,7 @@ import yaml
 KUBECTL = Path(sys.executable).parent / "kubectl"
 _COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+MARKER = "WDSR_K8SRUN_CONTAINER"
 
 
 def render(folder: Path) -> list[dict[str, Any]]:
@@ -61,6 +62,8 @@ def _object_data(obj: dict[str, Any]) -> dict[str, str]:
 
 class Pod:
     """One pod of a Job at completion index ``index``; ``workdir`` holds its mapped volumes."""
+
+    marker: str | None = None  # set to tag the pod's processes, so that all of them can be ended
 
     def __init__(self, job: dict[str, Any], objects: list[dict[str, Any]], index: int, workdir: Path,
                  overrides: dict[str, str], hosts: dict[str, str]) -> None:
@@ -114,11 +117,18 @@ class Pod:
         for e in c.get("env", []):
             if "value" in e:
                 env[e["name"]] = expand(e["value"], env)
-            else:
+            elif "fieldRef" in e["valueFrom"]:
                 ref = e["valueFrom"]["fieldRef"]["fieldPath"]
                 assert ref == _COMPLETION_INDEX, f"env {e['name']}: fieldRef {ref} is not mapped"
                 assert self.job["spec"].get("completionMode") == "Indexed", "completion index outside an Indexed Job"
                 env[e["name"]] = str(self.index)
+            else:  # one key of a ConfigMap or Secret
+                kind, ref = next(iter(e["valueFrom"].items()))
+                obj = {"configMapKeyRef": "ConfigMap", "secretKeyRef": "Secret"}[kind]
+                data = _object_data(find(self.objects, obj, ref["name"]))
+                assert ref["key"] in data or ref.get("optional"), f"env {e['name']}: {obj} {ref['name']} has no key {ref['key']}"
+                if ref["key"] in data:
+                    env[e["name"]] = data[ref["key"]]
         env.update({k: v for k, v in self.overrides.items() if k in env})  # the Secret's values -> the test server
         return {k: self._map_paths(v, c["name"]) for k, v in env.items()}
 
@@ -135,12 +145,31 @@ class Pod:
         argv = self.argv(c, env)
         full = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                 "OMP_NUM_THREADS": "1", "AWS_EC2_METADATA_DISABLED": "true", "PYTHONPATH": str(Path(__file__).resolve().parents[1]), **env}
+        if self.marker:  # every process of this container carries it (see kill_marked)
+            full[MARKER] = f"{self.marker}/{c['name']}"
         log = open(self.workdir / f"{c['name']}.log", "w")
         return subprocess.Popen(argv, env=full, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 
     def log(self, container: str) -> str:
         return (self.workdir / f"{container}.log").read_text()[-4000:]
+
+
+def kill_marked(tag: str) -> int:
+    """SIGKILL every process whose environment holds ``MARKER=tag`` (a container's processes: what a
+    container runtime ends with the container); returns how many were signalled."""
+    needle = f"{MARKER}={tag}".encode()
+    hit = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                os.kill(int(entry.name), 9)
+                hit += 1
+        except (OSError, ProcessLookupError):
+            continue
+    return hit
 
 
 def run_all(pods: list[Pod], containers: str, timeout: float) -> None:

@@ -3,8 +3,10 @@ decode buffer to the OS (``worker_init`` is the ``worker_init_fn`` of every wdsr
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import os
 
 import torch
 
@@ -33,6 +35,13 @@ def worker_init(_worker_id: int) -> None:
     any the trainer installed, such as ``wdsr train``'s checkpoint-then-exit): from the trainer
     process (multiprocessing terminating its workers at exit) the worker exits cleanly; from anyone
     else it dies as by default. Setting SIG_DFL here made every script that exited with persistent
-    workers alive print "DataLoader worker ... is killed by signal: Terminated"."""
+    workers alive print "DataLoader worker ... is killed by signal: Terminated".
+
+    The worker leaves its rank's process group: torchrun stops a rank by signalling its whole group,
+    which killed the workers under a rank that was checkpointing on that SIGTERM (it then crashed on
+    "DataLoader worker ... killed" instead of exiting cleanly). The rank still ends them itself, and a
+    worker whose parent dies exits (torch's watchdog)."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
     torch.set_num_threads(1)
     tune_malloc()

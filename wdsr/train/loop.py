@@ -32,6 +32,11 @@ from wdsr.train.validate import validate
 
 log = logging.getLogger("wdsr")
 
+# A rank that stopped because another rank was told to (SIGTERM there: a preemption): it checkpointed
+# like the others, but did not finish; not 0, so a Job counts the pod as failed and restarts it
+# (EX_TEMPFAIL: try again with --resume). The rank that got the SIGTERM exits 0.
+EXIT_PEER_STOPPED = 75
+
 
 class StopFlag:
     """First SIGTERM: stop after this step (checkpoint, exit 0). A second one: exit at once."""
@@ -89,7 +94,8 @@ def weights_digest(model: nn.Module) -> str:
 
 
 def train(cfg: TrainConfig) -> int:
-    """Run the loop; returns the exit status (0 when finished or stopped by SIGTERM)."""
+    """Run the loop; returns the exit status: 0 when finished or stopped by SIGTERM,
+    ``EXIT_PEER_STOPPED`` (75) when stopped because another rank was (rerun with ``--resume``)."""
     train_ds, val_ds = open_data(cfg)
     run = RunDir(cfg.out)
     resume_state = run.load_latest() if cfg.resume else None
@@ -263,7 +269,7 @@ def _loop(
     if last_ckpt != step:
         _checkpoint(cfg, ctx, run, m, loader, step, metrics)
     _finish(ctx, m, metrics, bar, step, loader.state_dict()["epoch"], stopped)
-    return 0
+    return EXIT_PEER_STOPPED if stopped and not stop.requested else 0
 
 
 def _finish(ctx: Ctx, m: _Model, metrics: MetricsLog | None, bar: Any, step: int, epoch: int, stopped: bool) -> None:
