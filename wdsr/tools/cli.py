@@ -1,4 +1,6 @@
-"""``wdsr`` command line: ``bench``, ``preview``, ``train``, ``cache``. Parsing only; the work is elsewhere."""
+"""``wdsr`` command line: ``bench``, ``preview``, ``train``, ``cache``, ``upscale``, ``plot``.
+
+Parsing only; the work is elsewhere."""
 
 from __future__ import annotations
 
@@ -62,8 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     v = sub.add_parser(
         "preview",
-        help="write a contact sheet of LR (nearest-upscaled) | HR patch pairs",
-        description="Draw patches as the training loop sees them (augmented), LR left of its HR.",
+        help="write a contact sheet of LR (nearest-upscaled) | HR patch pairs, labelled with their keys",
+        description="Draw patches as the training loop sees them (augmented), LR left of its HR, each pair "
+        "under the key of its image.",
     )
     v.add_argument("url", metavar="URL")
     v.add_argument("-o", "--output", required=True, help="PNG file to write (local path or fsspec URL)")
@@ -82,7 +85,38 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("dir", metavar="DIR", help="the decoded_cache folder (e.g. /dev/shm/wdsr)")
     c.add_argument("--dataset", metavar="ID", help="clear: only this dataset (its manifest sha256, or a prefix)")
     _train_parser(sub)
+    _tool_parsers(sub)
     return p
+
+
+def _tool_parsers(sub: Any) -> None:
+    u = sub.add_parser(
+        "upscale",
+        help="apply a model trained by wdsr train to images of any size (tiled), optionally scored against HR",
+        description="Read the checkpoint (a file, or a run folder's newest), build its model and upscale each image "
+        "(PNG/JPEG/TIFF/BMP/WebP, 8/16-bit, grey/RGB) to OUT/<name>.png with the same depth, in overlapping LR tiles. "
+        "--hr DIR prints PSNR-Y / SSIM-Y (border = scale) against the HR images of the same names.",
+    )
+    u.add_argument("checkpoint", metavar="CKPT_OR_RUN", help="checkpoints/step-N.pt or a wdsr train run folder")
+    u.add_argument("images", metavar="IMAGES", nargs="+", help="image files or folders of them")
+    u.add_argument("-o", "--output", required=True, metavar="OUT", help="folder for the upscaled PNGs")
+    u.add_argument("--tile", type=int, default=256, help="LR tile side (default 256; 0 = whole images)")
+    u.add_argument(
+        "--overlap",
+        type=int,
+        help="LR pixels neighbouring tiles share; each tile also sees half of it "
+        "as context beyond its edges (default 32, at most a quarter of --tile)",
+    )
+    u.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto (default): CUDA if there")
+    u.add_argument("--hr", metavar="HR_DIR", help="folder of HR references (same file stems): print PSNR-Y/SSIM-Y")
+    g = sub.add_parser(
+        "plot",
+        help="draw a run's curves (loss, lr, PSNR/SSIM-Y, patches/s, data_wait) from metrics.jsonl as a PNG",
+        description="Read RUN/metrics.jsonl (a local folder or an fsspec URL such as s3://...) and draw one panel "
+        "per metric over steps.",
+    )
+    g.add_argument("run", metavar="RUN", help="wdsr train run folder (or its metrics.jsonl)")
+    g.add_argument("-o", "--output", required=True, help="PNG file to write (local path or fsspec URL)")
 
 
 def _train_parser(sub: Any) -> None:
@@ -230,10 +264,35 @@ def _preview(args: argparse.Namespace) -> int:
         batch_size=args.count,
         shuffle_buffer=64,
         seed=args.seed,
+        return_keys=True,
     )
     sheet = contact_sheet(ds, args.count)
     write_png(args.output, sheet)
     print(f"wrote {args.output}: {args.count} LR|HR pairs, {sheet.shape[1]}x{sheet.shape[0]}")
+    return 0
+
+
+def _upscale(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from wdsr.tools.upscale import find_images, load_model, pick_device, report, upscale_files
+
+    if args.tile < 0:
+        raise ValueError(f"--tile must be >= 0, got {args.tile}")
+    images = find_images(args.images)
+    m = load_model(args.checkpoint, pick_device(args.device))
+    print(f"{m.source}: {m.name} x{m.scale}, step {m.step}; {len(images)} image(s)")
+    hr = Path(args.hr) if args.hr else None
+    overlap = min(32, args.tile // 4) if args.overlap is None else args.overlap
+    print(report(upscale_files(m, images, Path(args.output), args.tile or None, overlap, hr)))
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from wdsr.tools.plot import plot_run
+
+    panels = plot_run(args.run, args.output)
+    print(f"wrote {args.output}: {', '.join(panels)}")
     return 0
 
 
@@ -248,6 +307,9 @@ def _cache(args: argparse.Namespace) -> int:
     return 0
 
 
+_COMMANDS = {"bench": _bench, "preview": _preview, "train": _train, "cache": _cache, "upscale": _upscale, "plot": _plot}
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None and hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
@@ -256,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         return args
     configure_logging("wdsr")
     try:
-        return {"bench": _bench, "preview": _preview, "train": _train, "cache": _cache}[args.cmd](args)
+        return _COMMANDS[args.cmd](args)
     except KeyboardInterrupt:
         print(f"wdsr {args.cmd}: interrupted", file=sys.stderr)
         return 130

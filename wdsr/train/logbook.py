@@ -63,6 +63,7 @@ class MetricsLog:
 
 
 def progress_bar(ctx: Ctx, total: int, step: int) -> Any:
+    """Rank 0's tqdm bar on a terminal (None elsewhere); ``log_window`` sets its loss and patches/s."""
     if ctx.rank != 0 or not sys.stderr.isatty():
         return None
     from tqdm import tqdm
@@ -105,6 +106,8 @@ def log_window(
         "patches_per_s": patches,
         "data_wait": wait_sum / max(time_sum, 1e-9),
     }
+    if bar is not None:  # the bar shows the latest window's numbers between log lines
+        bar.set_postfix(loss=f"{record['loss']:.4f}", patches_s=f"{patches:.1f}", refresh=False)
     emit(
         metrics,
         bar,

@@ -1,0 +1,122 @@
+"""`wdsr upscale` with a tiny ESPCN trained by `wdsr train` on real photo shards: tiled equals whole,
+8/16-bit and grey round trips, --hr scores, bad input is one line and exit 2."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shardmaker import imaging
+from shardmaker.imaging import Codec
+from tests.helpers import photos, save
+from wdsr.metrics import psnr_y, ssim_y
+from wdsr.tools.cli import main
+from wdsr.tools.upscale import load_model, read_image, upscale_image
+
+TRAIN = ["--model", "espcn", "--scale", "4", "--patch-size", "48", "-k", "4", "--batch-size", "4", "--workers", "0",
+         "--shuffle-buffer", "16", "--lr", "1e-3", "--steps", "12", "--log-every", "3", "--ckpt-every", "6",
+         "--val-every", "6", "--val-tile", "32"]
+
+
+_RUNS: dict[str, Path] = {}
+
+
+def trained_run(photo_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny real run (12 ESPCN steps, validated) for the whole module; a plain helper, as fixtures
+    live in conftest.py."""
+    if str(photo_shards) not in _RUNS:
+        out = tmp_path_factory.mktemp("upscale_run") / "run"
+        assert main(["train", "--data", str(photo_shards), "--val-data", str(photo_shards), "--out", str(out), *TRAIN]) == 0
+        _RUNS[str(photo_shards)] = out
+    return _RUNS[str(photo_shards)]
+
+
+def _lr_photo(h: int = 90, w: int = 131) -> np.ndarray:
+    return np.ascontiguousarray(photos()[1][40 : 40 + h, 60 : 60 + w])  # chelsea, a real photo
+
+
+def _close(a: np.ndarray, b: np.ndarray, top: float) -> tuple[float, float]:
+    diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    mse = float(np.mean(diff**2))
+    return float(diff.max()), (float("inf") if mse == 0 else 10 * np.log10(top**2 / mse))
+
+
+def test_tiled_through_the_cli_equals_the_model_on_the_whole_image(photo_shards, tmp_path_factory, tmp_path, capsys):
+    run = trained_run(photo_shards, tmp_path_factory)
+    src = save(tmp_path / "in" / "cat.png", _lr_photo())
+    rc = main(["upscale", str(run), str(src.parent), "-o", str(tmp_path / "out"), "--tile", "40", "--overlap", "8",
+               "--device", "cpu"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "espcn x4, step 12" in text and "cat.png: 524x360" in text
+    tiled = read_image(tmp_path / "out" / "cat.png")
+    m = load_model(str(run))
+    with torch.no_grad():  # the model on the whole image, by hand: no tiles, no wdsr code in between
+        x = torch.from_numpy(_lr_photo()).permute(2, 0, 1)[None].float() / 255
+        whole = (m.model(x)[0].clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()
+    assert tiled.shape == whole.shape == (360, 524, 3) and tiled.dtype == np.uint8
+    worst, psnr = _close(tiled, whole, 255)
+    assert psnr > 40 and worst <= 1, (psnr, worst)  # context overlap//2 = 4 px covers ESPCN: float rounding only
+    assert np.array_equal(upscale_image(m, _lr_photo(), tile=None), whole)
+    assert np.array_equal(upscale_image(m, _lr_photo(), tile=40, overlap=8), tiled)
+
+
+def test_16_bit_in_16_bit_out_and_grey_stays_grey(photo_shards, tmp_path_factory, tmp_path, capsys):
+    run = trained_run(photo_shards, tmp_path_factory)
+    lr8 = _lr_photo(60, 70)
+    lr16 = lr8.astype(np.uint16) * 257 + (np.arange(70, dtype=np.uint16) % 200)[None, :, None]  # not x257 only
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "deep.png").write_bytes(imaging.encode(lr16, Codec.PNG))
+    save(tmp_path / "in" / "grey.png", np.ascontiguousarray(lr8[:, :, 1]))
+    rc = main(["upscale", str(run / "checkpoints" / "step-00000012.pt"), str(tmp_path / "in" / "deep.png"),
+               str(tmp_path / "in" / "grey.png"), "-o", str(tmp_path / "out"), "--tile", "24", "--overlap", "6"])
+    assert rc == 0, capsys.readouterr().err
+    deep, grey = read_image(tmp_path / "out" / "deep.png"), read_image(tmp_path / "out" / "grey.png")
+    assert deep.dtype == np.uint16 and deep.shape == (240, 280, 3)
+    assert grey.dtype == np.uint8 and grey.shape == (240, 280)
+    assert len(np.unique(deep)) > 4 * len(np.unique(deep >> 8))  # the low byte carries information
+    m = load_model(str(run))
+    eight = upscale_image(m, lr8, tile=24, overlap=6)
+    worst, _ = _close(deep / 257.0, eight, 255)
+    assert worst < 3  # the same picture at 8 bits (the 16-bit input differs by up to 200/65535)
+
+
+def test_hr_reference_prints_psnr_and_ssim_per_image_and_the_mean(photo_shards, tmp_path_factory, tmp_path, capsys):
+    run = trained_run(photo_shards, tmp_path_factory)
+    hrs = {"a": photos()[0][100:340, 120:400], "b": photos()[2][50:250, 60:300]}
+    for name, hr in hrs.items():
+        save(tmp_path / "hr" / f"{name}.png", np.ascontiguousarray(hr))
+        save(tmp_path / "lr" / f"{name}.png", imaging.downscale(np.ascontiguousarray(hr), 4))
+    rc = main(["upscale", str(run), str(tmp_path / "lr"), "-o", str(tmp_path / "sr"), "--hr", str(tmp_path / "hr"),
+               "--tile", "32"])
+    cap = capsys.readouterr()
+    text = cap.out
+    assert rc == 0, cap.err
+    sr = read_image(tmp_path / "sr" / "a.png")
+    psnr, ssim = psnr_y(sr, hrs["a"], crop_border=4), ssim_y(sr, hrs["a"], crop_border=4)
+    assert 15 < psnr < 40 and 0 < ssim < 1
+    assert f"PSNR-Y {psnr:.3f} dB  SSIM-Y {ssim:.4f}" in text
+    assert "mean over 2 images: PSNR-Y" in text
+
+
+@pytest.mark.parametrize("case", ["not_a_checkpoint", "foreign_checkpoint", "no_run", "missing_image", "no_hr"])
+def test_bad_input_is_one_line_and_exit_2(photo_shards, tmp_path_factory, tmp_path, capsys, case):
+    run = trained_run(photo_shards, tmp_path_factory)
+    img = save(tmp_path / "x.png", _lr_photo(20, 20))
+    junk = tmp_path / "junk.pt"
+    junk.write_text("not a checkpoint")
+    (tmp_path / "empty").mkdir()
+    torch.save({"model": {}, "epoch": 3}, tmp_path / "other.pt")  # a checkpoint, but not one of wdsr train
+    args, says = {
+        "not_a_checkpoint": ([str(junk), str(img)], "not a readable checkpoint"),
+        "foreign_checkpoint": ([str(tmp_path / "other.pt"), str(img)], "not a wdsr-train/1 checkpoint"),
+        "no_run": ([str(tmp_path / "empty"), str(img)], "not a wdsr train run"),
+        "missing_image": ([str(run), str(tmp_path / "nope.png")], "nope.png: no such file or folder"),
+        "no_hr": ([str(run), str(img), "--hr", str(tmp_path / "empty")], "no HR image named x.*"),
+    }[case]
+    rc = main(["upscale", *args, "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and err.startswith("wdsr upscale: error:"), err
+    assert says in err, err

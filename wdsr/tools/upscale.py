@@ -1,0 +1,264 @@
+"""``wdsr upscale``: a model trained by ``wdsr train`` applied to images of any size, tile by tile.
+
+The image is cut into LR tiles overlapping by ``overlap`` (``tile_boxes``); each tile goes through the
+model with ``overlap // 2`` more pixels of context on every side (where the image has them), cropped
+away after, so a model that sees no farther than that gives the whole-image result (ESPCN: 4 px;
+EDSR-baseline sees ~35 px, its remaining seam differences are averaged). One row of tiles at a time
+is run and averaged back with ``stitch``; rows are averaged where they overlap, which equals
+``stitch`` over all tiles while only one row of tiles is held. 8/16-bit and grey/RGB
+in, the same depth and channels out (PNG).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+import posixpath
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from shardmaker import imaging, storage
+from shardmaker.imaging import Codec
+from wdsr.metrics import psnr_y, ssim_y
+from wdsr.pipeline.tiles import stitch, tile_boxes
+from wdsr.train.checkpoint import FORMAT, RunDir, RunError
+from wdsr.train.models import build_model
+from wdsr.train.validate import super_resolve
+
+IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp")
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A trained model ready to run, and where it came from."""
+
+    model: nn.Module
+    scale: int
+    channels: int
+    name: str  # the model's name (edsr-baseline, espcn)
+    source: str  # the checkpoint's URL
+    step: int
+
+
+def _read_checkpoint(source: str) -> tuple[dict[str, Any], str]:
+    """The state of a checkpoint file, or of a run folder's newest one (``latest.json``, else the last name)."""
+    fs, path = storage.open_dir(source)
+    if not fs.exists(path):
+        raise FileNotFoundError(f"{source}: no such checkpoint file or run folder")
+    if fs.isdir(path):
+        run = RunDir(source)
+        latest = run.latest()
+        names = run.checkpoints()
+        if latest is not None:
+            name = latest["path"]
+        elif names:
+            name = f"checkpoints/{names[-1]}"
+        else:
+            raise RunError(f"{source}: a folder without latest.json or checkpoints/step-*.pt (not a wdsr train run)")
+        path, source = run.path(name), posixpath.join(source.rstrip("/"), name)
+    try:
+        state = torch.load(io.BytesIO(storage.read_bytes(fs, path)), map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a file that is not a checkpoint
+        raise RunError(f"{source}: not a readable checkpoint ({type(exc).__name__}: {str(exc)[:120]})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("model"), dict):
+        raise RunError(f"{source}: not a {FORMAT} checkpoint (written by wdsr train)")
+    return state, source
+
+
+def load_model(source: str, device: torch.device | str = "cpu") -> Loaded:
+    """Build the model a ``wdsr train`` checkpoint (file or run folder) names and load its weights."""
+    state, where = _read_checkpoint(source)
+    config = state.get("config") or {}
+    if not isinstance(config, dict) or "model" not in config or "scale" not in config:
+        raise RunError(f"{where}: the checkpoint's config lacks 'model' or 'scale'")
+    weights = state["model"]
+    convs = [v for v in weights.values() if isinstance(v, torch.Tensor) and v.ndim == 4]
+    if not convs:
+        raise RunError(f"{where}: the checkpoint holds no convolution weights")
+    channels = int(convs[0].shape[1])  # the first conv's input channels: 3 (RGB) or 1 (grey)
+    model = build_model(config["model"], int(config["scale"]), channels)
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as exc:
+        raise RunError(f"{where}: weights do not fit {config['model']} x{config['scale']} ({str(exc)[:160]})") from None
+    model.to(device).eval()
+    return Loaded(model, int(config["scale"]), channels, str(config["model"]), where, int(state.get("step", 0)))
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: CUDA is not available here")
+    return torch.device(name)
+
+
+def _planes(img: np.ndarray, channels: int) -> torch.Tensor:
+    """``HxW``/``HxWx3`` -> ``[N, channels, h, w]``: a grey model runs each colour plane, an RGB model a grey image x3."""
+    chw = torch.from_numpy(np.ascontiguousarray(img if img.ndim == 3 else img[:, :, None])).permute(2, 0, 1)
+    if chw.shape[0] == channels:
+        return chw[None]
+    if channels == 1:
+        return chw[:, None]
+    return chw.expand(channels, -1, -1)[None]
+
+
+def _unplanes(sr: torch.Tensor, like: np.ndarray) -> torch.Tensor:
+    """Inverse of ``_planes`` on the model's ``[N, C, H, W]`` float output: ``[C, H, W]`` with ``like``'s channels."""
+    c = 1 if like.ndim == 2 else like.shape[2]
+    if sr.shape[1] == c:
+        return sr[0]
+    if sr.shape[1] == 1:  # grey model, one plane per colour
+        return sr[:, 0]
+    return sr[0].mean(0, keepdim=True)  # RGB model on a grey image
+
+
+def _to_int(sr: torch.Tensor, dtype: np.dtype) -> np.ndarray:
+    top = 65535.0 if dtype == np.uint16 else 255.0
+    q = (sr.float().clamp(0, 1) * top).round().to(torch.int32).numpy().astype(dtype)
+    hwc = q.transpose(1, 2, 0)
+    return np.ascontiguousarray(hwc[:, :, 0] if hwc.shape[2] == 1 else hwc)
+
+
+def _band(m: Loaded, x: torch.Tensor, band: list[tuple[int, int, int, int]], pad: int, device: torch.device) -> torch.Tensor:
+    """The SR of one row of LR tiles of ``x`` (``[C, h, w]``), each run with ``pad`` pixels of context on
+    every side where the image has them and cropped back to its box: ``[T, C, s*th, s*tw]``."""
+    s, (h, w) = m.scale, x.shape[1:]
+    grown = [(max(y - pad, 0), max(bx - pad, 0), min(y + bh + pad, h), min(bx + bw + pad, w)) for y, bx, bh, bw in band]
+    out: list[torch.Tensor | None] = [None] * len(band)
+    for shape in sorted({(y1 - y0, x1 - x0) for y0, x0, y1, x1 in grown}):  # same-sized tiles in one pass
+        idx = [i for i, (y0, x0, y1, x1) in enumerate(grown) if (y1 - y0, x1 - x0) == shape]
+        sr = super_resolve(m.model, torch.stack([x[:, y0:y1, x0:x1] for y0, x0, y1, x1 in (grown[i] for i in idx)]), device)
+        for j, i in enumerate(idx):
+            (y, bx, bh, bw), (y0, x0, _, _) = band[i], grown[i]
+            out[i] = sr[j, :, s * (y - y0) : s * (y - y0 + bh), s * (bx - x0) : s * (bx - x0 + bw)]
+    return torch.stack([t for t in out if t is not None])
+
+
+def _sr_tiled(m: Loaded, x: torch.Tensor, tile: int, overlap: int, device: torch.device) -> torch.Tensor:
+    """``[N, C, h, w]`` LR -> ``[N, C, s*h, s*w]`` float SR, one row of tiles at a time."""
+    n, c, h, w = x.shape
+    s = m.scale
+    boxes = tile_boxes(h, w, tile, overlap)
+    out = torch.zeros((n, c, s * h, s * w), dtype=torch.float32)
+    rows = torch.zeros((s * h, 1), dtype=torch.float32)
+    for y in sorted({b[0] for b in boxes}):
+        band = [b for b in boxes if b[0] == y]
+        th = band[0][2]
+        for i in range(n):
+            sr = _band(m, x[i], band, overlap // 2, device)
+            # every row of tiles has the same columns, so averaging whole rows equals averaging all tiles
+            out[i, :, s * y : s * (y + th)] += stitch(sr, [(0, bx, bh, bw) for _, bx, bh, bw in band], s, (w, th))
+        rows[s * y : s * (y + th)] += 1
+    return out / rows
+
+
+def upscale_image(
+    m: Loaded, img: np.ndarray, tile: int | None = 256, overlap: int = 32, device: torch.device | None = None
+) -> np.ndarray:
+    """``HxW``/``HxWx3`` uint8/uint16 -> the model's ``s`` times larger image, same dtype and channels.
+
+    ``tile`` is the LR tile side (None or 0: the whole image in one pass); tiles overlap by ``overlap``."""
+    if img.dtype not in (np.uint8, np.uint16):
+        raise ValueError(f"expected an 8- or 16-bit image, got {img.dtype}")
+    device = device or next(m.model.parameters()).device
+    x = _planes(img, m.channels)
+    h, w = x.shape[2:]
+    if tile and (tile < h or tile < w):
+        if overlap < 0 or overlap >= tile:
+            raise ValueError(f"--overlap must be in 0..{tile - 1} (less than --tile), got {overlap}")
+        sr = _sr_tiled(m, x, tile, overlap, device)
+    else:
+        sr = super_resolve(m.model, x, device)
+    return _to_int(_unplanes(sr, img), img.dtype)
+
+
+def find_images(paths: list[str]) -> list[Path]:
+    """Files as given, folders as the image files under them (sorted); a missing path is an error."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_EXTS)
+            if not found:
+                raise FileNotFoundError(f"{p}: no images ({', '.join(IMAGE_EXTS)}) in this folder")
+            out += found
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise FileNotFoundError(f"{p}: no such file or folder")
+    stems = [f.stem for f in out]
+    dup = sorted({s for s in stems if stems.count(s) > 1})
+    if dup:
+        raise ValueError(f"two inputs would write the same OUT/{dup[0]}.png")
+    return out
+
+
+def read_image(path: Path) -> np.ndarray:
+    try:
+        return imaging.load_source(path.read_bytes(), ext=path.suffix.lstrip(".").lower())
+    except imaging.ImageDataError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def _reference(hr_dir: Path, stem: str, shape: tuple[int, ...], scale: int) -> np.ndarray:
+    """The HR image of the same stem, mod-cropped to the SR size (larger by less than the scale)."""
+    found = [f for f in sorted(hr_dir.iterdir()) if f.stem == stem and f.suffix.lower() in IMAGE_EXTS]
+    if not found:
+        raise FileNotFoundError(f"{hr_dir}: no HR image named {stem}.*")
+    hr = read_image(found[0])
+    h, w = shape[:2]
+    if not (h <= hr.shape[0] < h + scale and w <= hr.shape[1] < w + scale):
+        raise ValueError(f"{found[0]}: HR {hr.shape[1]}x{hr.shape[0]} does not match SR {w}x{h} (x{scale})")
+    return hr[:h, :w]
+
+
+@dataclasses.dataclass
+class Result:
+    name: str
+    output: Path
+    size: tuple[int, int]  # (w, h) of the output
+    psnr_y: float | None = None
+    ssim_y: float | None = None
+
+
+def upscale_files(
+    m: Loaded, images: list[Path], out: Path, tile: int | None, overlap: int, hr_dir: Path | None = None
+) -> list[Result]:
+    """Upscale each image to ``out/<stem>.png``; with ``hr_dir``, PSNR-Y / SSIM-Y against its HR."""
+    if hr_dir is not None and not hr_dir.is_dir():
+        raise FileNotFoundError(f"--hr {hr_dir}: no such folder")
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for path in images:
+        sr = upscale_image(m, read_image(path), tile, overlap)
+        target = out / f"{path.stem}.png"
+        target.write_bytes(imaging.encode(sr, Codec.PNG, 6))
+        r = Result(path.stem, target, (sr.shape[1], sr.shape[0]))
+        if hr_dir is not None:
+            hr = _reference(hr_dir, path.stem, sr.shape, m.scale)
+            if hr.dtype != sr.dtype:
+                raise ValueError(f"{path}: {sr.dtype} input but a {hr.dtype} HR reference")
+            r.psnr_y, r.ssim_y = psnr_y(sr, hr, crop_border=m.scale), ssim_y(sr, hr, crop_border=m.scale)
+        results.append(r)
+    return results
+
+
+def report(results: list[Result]) -> str:
+    lines = []
+    for r in results:
+        line = f"{r.output}: {r.size[0]}x{r.size[1]}"
+        if r.psnr_y is not None:
+            line += f"  PSNR-Y {r.psnr_y:.3f} dB  SSIM-Y {r.ssim_y:.4f}"
+        lines.append(line)
+    scored = [r for r in results if r.psnr_y is not None and r.ssim_y is not None]
+    if scored:
+        psnrs = [r.psnr_y for r in scored if r.psnr_y is not None and math.isfinite(r.psnr_y)]
+        mean_p = sum(psnrs) / len(psnrs) if psnrs else float("inf")
+        mean_s = sum(r.ssim_y for r in scored if r.ssim_y is not None) / len(scored)
+        lines.append(f"mean over {len(scored)} images: PSNR-Y {mean_p:.3f} dB  SSIM-Y {mean_s:.4f}")
+    return "\n".join(lines)
