@@ -210,17 +210,19 @@ def test_the_three_variants_run_the_same_pods(env, tmp_path):
     from_secret = {k for k, e in trainer_env.items() if e.get("valueFrom", {}).get("secretKeyRef", {}).get("name") == "wdsr-s3"}
     assert from_secret == secret_keys
     used = {m for arg in main_container(pod_spec(plain))["args"] for m in re.findall(r"\$\((\w+)\)", arg)}
-    assert used <= {"NNODES", "NPROC_PER_NODE", "NODE_RANK", "RDZV_TIMEOUT"}  # what PET_* and PET_RDZV_CONF stand for
+    assert used <= {"NNODES", "NPROC_PER_NODE", "NODE_RANK", "RDZV_TIMEOUT", "DATA_URL"}  # PET_*, PET_RDZV_CONF, the data
 
 
 def test_trainjob_streams_from_s3_and_leaves_rendezvous_to_the_trainer(tmp_path):
     objects = render_at("multi-node-gpu/train-trainer", tmp_path)
     trainjob = find(objects, "TrainJob", "wdsr-train")
     assert "initializer" not in trainjob["spec"]  # no dataset initializer: training streams the shards
-    assert yaml.safe_load(find(objects, "ConfigMap", "wdsr-train")["data"]["train.yaml"])["data"].startswith("s3://")
+    assert find(objects, "ConfigMap", "wdsr-env")["data"]["DATA_URL"].startswith("s3://")
+    assert "data" not in yaml.safe_load(find(objects, "ConfigMap", "wdsr-train")["data"]["train.yaml"])
+    assert trainjob["spec"]["trainer"]["args"][0].count("--data=$(DATA_URL)") == 2  # the check and the run
     script = " ".join(trainjob["spec"]["trainer"]["command"] + trainjob["spec"]["trainer"]["args"])
     check, run = script.split(" && ")
-    assert check.endswith("wdsr train --config=/etc/wdsr/train.yaml --resume --check") and run.startswith("exec torchrun ")
+    assert check.endswith("wdsr train --config=/etc/wdsr/train.yaml --data=$(DATA_URL) --resume --check") and run.startswith("exec torchrun ")
     assert not re.search(r"--(nnodes|nproc|node-rank|master|rdzv)", run)  # torchrun reads PET_* instead
     node = main_container(trainjob_to_jobset(trainjob, find(objects, "TrainingRuntime", "wdsr-torch-distributed"))
                           ["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"])
@@ -365,7 +367,8 @@ def local_run(variant: str, tmp_path: Path, s3_server, data_url: str) -> tuple[G
     out = tmp_path / "out"
     cm = find(objects, "ConfigMap", "wdsr-train")
     settings = yaml.safe_load(cm["data"]["train.yaml"])
-    settings.update({"data": data_url, "out": f"file://{out}", "steps": STEPS, "log-every": 1, "ckpt-every": CKPT_EVERY})
+    settings.update({"out": f"file://{out}", "steps": STEPS, "log-every": 1, "ckpt-every": CKPT_EVERY})
+    find(objects, "ConfigMap", "wdsr-env")["data"]["DATA_URL"] = data_url  # --data=$(DATA_URL) in every train container
     cm["data"]["train.yaml"] = yaml.safe_dump(settings)
     job, jobset = gang_job(objects)
     # torchrun gives its ranks 30 s to stop; the manifests' 120 s would only lengthen a stuck shutdown here
