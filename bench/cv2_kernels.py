@@ -1,6 +1,6 @@
 """The byte shuffles of the per-patch path: numpy (wdsr's fallback) against OpenCV's SIMD kernels (what it uses).
 
-    .venv/bin/python bench/cv2_kernels.py
+    .venv/bin/python -m bench.cv2_kernels
 
 One HR patch, 192 x 192 x 3 uint8, hot in the cache, one thread: the C x H x W deinterleave of an
 H x W x C crop, the same with H and W swapped, and a 192 x 192 plane transposed: the measurement
@@ -9,21 +9,21 @@ that made opencv-python-headless a dependency of wdsr (``wdsr.pipeline.augment``
 
 from __future__ import annotations
 
-import time
+import sys
+from pathlib import Path
 
 import cv2
 import numpy as np
 
-
-def us(f, n: int = 5000) -> float:
-    f()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        f()
-    return (time.perf_counter() - t0) / n * 1e6
+from bench.common import machine_line, md_table, parser, report
+from bench.common import mean_us as us
 
 
-def main() -> None:
+def main() -> int:
+    ap = parser(__doc__)
+    ap.add_argument("--out", default="bench/out")
+    args = ap.parse_args()
+    head = machine_line()
     cv2.setNumThreads(1)
     rng = np.random.default_rng(0)
     hwc = rng.integers(0, 256, (192, 192, 3), dtype=np.uint8)
@@ -44,10 +44,12 @@ def main() -> None:
     ]
     cv2.split(hwc, planes)
     assert (out == hwc.transpose(2, 0, 1)).all()  # cv2 wrote into the given planes
-    print("| copy | numpy (us) | cv2 (us) | numpy / cv2 |\n|---|---|---|---|")
-    for name, a, b in rows:
-        print(f"| {name} | {a:.1f} | {b:.1f} | {a / b:.1f}x |")
+    table = md_table(
+        ["copy", "numpy, us", "cv2, us", "numpy / cv2"], [(n, f"{a:.1f}", f"{b:.1f}", f"**{a / b:.1f}x**") for n, a, b in rows]
+    )
+    report(Path(args.out), "cv2_kernels", f"{head}; one 192 x 192 x 3 uint8 patch, one thread:\n\n{table}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

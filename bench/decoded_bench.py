@@ -1,9 +1,9 @@
 """Memory of the node-wide decoded cache: one copy per node, whatever the ranks and workers.
 
-    .venv/bin/python bench/decoded_bench.py [--seconds 20] [--cache /dev/shm/wdsr-decoded-bench]
+    .venv/bin/python -m bench.decoded_bench [--seconds 20] [--out bench/out] [--cache /dev/shm/wdsr-decoded-bench]
 
 Two ranks (RANK=0/1 of WORLD_SIZE=2, as torchrun sets them; no collective is needed to stream) of 2
-DataLoader workers each stream the 128 4K PNG frames of ``stream_bench.py`` (k=16, HR patch 192),
+DataLoader workers each stream the 128 4K PNG frames of ``bench.stream_bench`` (k=16, HR patch 192),
 first without the cache, then with it warm (filled by one val pass). Every 0.5 s the four workers'
 ``/proc/PID/smaps_rollup`` is read: Rss, Pss (shared pages divided among the processes that map
 them), Shared (pages also mapped elsewhere) and Private; the table gives the mean over the run,
@@ -12,8 +12,6 @@ summed over the four workers, next to the cache's size on tmpfs and the decoded 
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -21,14 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from stream_bench import shards  # noqa: E402
-
-from shardmaker.format import manifest as mf  # noqa: E402
-from wdsr.store.decoded import pair_bytes  # noqa: E402
-from wdsr.tools.bench import fill_decoded_cache  # noqa: E402
+from bench.common import REPO, machine_line, md_table, parser, report, shards
+from shardmaker import format as fmt
+from wdsr.store.decoded import pair_bytes
+from wdsr.tools.bench import fill_decoded_cache
 
 RANK_SCRIPT = """
 import sys, time, wdsr
@@ -67,9 +61,16 @@ def _children(pid: int) -> list[int]:
 
 
 def run(url: str, seconds: float, cache: str | None) -> dict[str, float]:
-    env = {**os.environ, "WORLD_SIZE": "2", "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, url, str(seconds), cache or ""], env={**env, "RANK": str(r)},
-                              stdout=subprocess.PIPE, text=True) for r in range(2)]
+    env = {**os.environ, "WORLD_SIZE": "2", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK_SCRIPT, url, str(seconds), cache or ""],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     samples = []
     time.sleep(3)  # workers started, buffers filling
     while all(p.poll() is None for p in procs):
@@ -77,8 +78,12 @@ def run(url: str, seconds: float, cache: str | None) -> dict[str, float]:
         rows = [_rollup(w) for w in workers]
         rows = [r for r in rows if r]
         if len(rows) == 4:
-            samples.append({k: sum(r.get(k, 0) for r in rows) / 1024 for k in ("Rss", "Pss", "Shared_Clean", "Shared_Dirty",
-                                                                                "Private_Clean", "Private_Dirty")})
+            samples.append(
+                {
+                    k: sum(r.get(k, 0) for r in rows) / 1024
+                    for k in ("Rss", "Pss", "Shared_Clean", "Shared_Dirty", "Private_Clean", "Private_Dirty")
+                }
+            )
         time.sleep(0.5)
     outs = [p.communicate()[0].split() for p in procs]
     mean = {k: sum(s[k] for s in samples) / max(1, len(samples)) for k in samples[0]} if samples else {}
@@ -88,13 +93,14 @@ def run(url: str, seconds: float, cache: str | None) -> dict[str, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--out", default="bench/out")
     ap.add_argument("--cache", default="/dev/shm/wdsr-decoded-bench")
     args = ap.parse_args()
+    head = machine_line()
     url = shards(Path(args.out), 128)["png"]
-    m = mf.load(url)
+    m = fmt.load(url)
     decoded = sum(pair_bytes(wh, 4, 3) for sh in m.shards for wh in sh.hr_sizes)
     plain = run(url, args.seconds, None)
     shutil.rmtree(args.cache, ignore_errors=True)
@@ -102,18 +108,34 @@ def main() -> int:
     on_tmpfs = sum(p.stat().st_size for p in Path(args.cache).rglob("*.pair"))
     cached = run(url, args.seconds, args.cache)
     shutil.rmtree(args.cache, ignore_errors=True)
-    lines = [f"128 4K PNG frames, 2 ranks x 2 workers, k=16, HR patch 192; {args.seconds:.0f} s; sums over the 4 workers (MB):",
-             "", "| run | patches/s (2 ranks) | Rss | Pss | Shared | Private | cache on tmpfs |", "|---|---|---|---|---|---|---|"]
-    for name, r, tmpfs in (("no cache", plain, 0.0), ("decoded cache warm", cached, on_tmpfs / 1e6)):
-        lines.append(f"| {name} | {r['patches_per_s']:.0f} | {r['Rss']:.0f} | {r['Pss']:.0f} | "
-                     f"{r['Shared_Clean'] + r['Shared_Dirty']:.0f} | {r['Private_Clean'] + r['Private_Dirty']:.0f} | {tmpfs:.0f} |")
-    lines += ["", f"- decoded size of the data: {decoded / 1e6:.0f} MB; the cache holds {n} pairs, {on_tmpfs / 1e6:.0f} MB "
-              f"(one copy for the node), filled in {fill_s:.1f} s; cache hits in the warm run: {cached['hits']}"]
-    text = "\n".join(lines)
-    print(text)
-    (Path(args.out) / "decoded_bench.md").write_text(text + "\n")
-    (Path(args.out) / "decoded_bench.json").write_text(json.dumps({"plain": plain, "cached": cached, "on_tmpfs": on_tmpfs,
-                                                                    "decoded": decoded}, indent=1))
+    rows = [
+        (
+            name,
+            f"{r['patches_per_s']:.0f}",
+            f"{r['Rss']:.0f}",
+            f"{r['Pss']:.0f}",
+            f"{r['Shared_Clean'] + r['Shared_Dirty']:.0f}",
+            f"{r['Private_Clean'] + r['Private_Dirty']:.0f}",
+            f"{tmpfs:.0f}",
+        )
+        for name, r, tmpfs in (("no cache", plain, 0.0), ("decoded cache warm", cached, on_tmpfs / 1e6))
+    ]
+    lines = [
+        f"{head}; 128 4K PNG frames, 2 ranks x 2 workers, k=16, HR patch 192; {args.seconds:.0f} s; "
+        "sums over the 4 workers (MB):",
+        "",
+        md_table(["run", "patches/s (2 ranks)", "Rss", "Pss", "Shared", "Private", "cache on tmpfs"], rows),
+        "",
+        f"- decoded size of the data: {decoded / 1e6:.0f} MB; the cache holds {n} pairs, {on_tmpfs / 1e6:.0f} MB "
+        f"(one copy for the node), filled in {fill_s:.1f} s; cache hits in the warm run: {cached['hits']}",
+        f"- decoded cache warm / no cache: **{cached['patches_per_s'] / plain['patches_per_s']:.1f}x**",
+    ]
+    report(
+        Path(args.out),
+        "decoded_bench",
+        "\n".join(lines),
+        {"plain": plain, "cached": cached, "on_tmpfs": on_tmpfs, "decoded": decoded},
+    )
     return 0
 
 

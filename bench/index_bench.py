@@ -1,8 +1,8 @@
 """wdsr on foreign shards indexed in place (``shardmaker index``) vs the same data in our own format.
 
-    .venv/bin/python bench/index_bench.py [--seconds 15] [--rounds 2] [--out bench/out]
+    .venv/bin/python -m bench.index_bench [--frames 128] [--seconds 15] [--rounds 2] [--out bench/out]
 
-The 128 4K frames of ``stream_bench.py`` (PNG and QOI, x4). Each of our shards is rewritten the way
+The 128 4K frames of ``bench.stream_bench`` (PNG and QOI, x4). Each of our shards is rewritten the way
 another tool would write it: ``wds.ShardWriter`` with members ``{key}.x4.<codec>`` (LR first), a
 caption ``{key}.txt`` and ``{key}.<codec>`` (HR), PAX headers, the same samples per shard. That copy is
 indexed with ``shardmaker index`` (timed), then both are streamed side by side (HR patch 192, batch 16,
@@ -12,28 +12,22 @@ mean patches/s, per codec.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import webdataset as wds
 
-import webdataset as wds  # noqa: E402
-from stream_bench import shards  # noqa: E402
-
-from shardmaker.format import manifest as mf  # noqa: E402
-from shardmaker.format import tario  # noqa: E402
-from shardmaker.index import IndexConfig, index  # noqa: E402
-from wdsr.tools.bench import bench_stream, table  # noqa: E402
+from bench.common import loader_table, machine_line, parser, report, shards
+from shardmaker import format as fmt
+from shardmaker.index import IndexConfig, index
+from wdsr.tools.bench import bench_stream
 
 
 def foreign_copy(ours: str, out: Path) -> Path:
     """Our shards rewritten by wds.ShardWriter with another tool's member names and order."""
-    m = mf.load(ours)
+    m = fmt.load(ours)
     codec = m.codec
     if (out / "part-000000.tar").exists() and len(list(out.glob("part-*.tar"))) == len(m.shards):
         return out
@@ -42,27 +36,33 @@ def foreign_copy(ours: str, out: Path) -> Path:
     with wds.ShardWriter(str(out / "part-%06d.tar"), maxcount=per_shard, maxsize=1 << 40, verbose=0) as sink:
         for info in m.shards:
             with open(Path(ours) / info.name, "rb") as f:
-                for key, _, members in tario.iter_samples(f):
-                    sink.write({
-                        "__key__": f"frames/{key}.v1",  # a key with a dot, as other tools write them
-                        f"x4.{codec}": members[mf.lr_member(4, codec)],
-                        "txt": b"a 4K frame",
-                        codec: members[mf.hr_member(codec)],
-                    })
+                for key, _, members in fmt.iter_samples(f):
+                    sink.write(
+                        {
+                            "__key__": f"frames/{key}.v1",  # a key with a dot, as other tools write them
+                            f"x4.{codec}": members[fmt.lr_member(4, codec)],
+                            "txt": b"a 4K frame",
+                            codec: members[fmt.hr_member(codec)],
+                        }
+                    )
     return out
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--frames", type=int, default=128)
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default="bench/out")
     args = ap.parse_args()
+    head = machine_line()
     work = Path(args.out)
     ours = shards(work, args.frames)
-    lines = [f"{args.frames} 4K frames, HR patch 192, x4, batch 16, k=16, 2 workers; {args.seconds:.0f} s per run, "
-             f"ours and foreign alternating, {args.rounds} rounds:", ""]
+    lines = [
+        f"{head}; {args.frames} 4K frames, HR patch 192, x4, batch 16, k=16, 2 workers; {args.seconds:.0f} s per run, "
+        f"ours and foreign alternating, {args.rounds} rounds:",
+        "",
+    ]
     summary = []
     for codec in ("png", "qoi"):
         folder = foreign_copy(ours[codec], work / f"foreign-{codec}")
@@ -80,14 +80,17 @@ def main() -> int:
         mine = [x.patches_per_s for x in runs if "ours" in x.name]
         theirs = [x.patches_per_s for x in runs if "foreign" in x.name]
         ratio = (sum(theirs) / len(theirs)) / (sum(mine) / len(mine))
-        lines += [f"{codec.upper()}: `shardmaker index` read {gb:.2f} GB in {t_index:.1f} s ({gb * 1e3 / t_index:.0f} MB/s, "
-                  f"{len(res.manifest.shards)} shards, 4 at a time)", "", table(runs, 16), "",
-                  f"- foreign / ours ({codec.upper()}): **{ratio * 100:.1f}%** (mean of {args.rounds} runs each)", ""]
+        lines += [
+            f"{codec.upper()}: `shardmaker index` read {gb:.2f} GB in {t_index:.1f} s ({gb * 1e3 / t_index:.0f} MB/s, "
+            f"{len(res.manifest.shards)} shards, 4 at a time):",
+            "",
+            loader_table(runs, ("patches/s", "MB/s", "decode ms", "ms/patch", "of ceiling", "private")),
+            "",
+            f"- foreign / ours ({codec.upper()}): **{ratio * 100:.1f}%** (mean of {args.rounds} runs each)",
+            "",
+        ]
         summary.append({"codec": codec, "ratio": ratio, "ours": mine, "foreign": theirs, "index_s": t_index, "gb": gb})
-    text = "\n".join(lines)
-    print(text)
-    (work / "index_bench.md").write_text(text + "\n")
-    (work / "index_bench.json").write_text(json.dumps(summary, indent=1))
+    report(work, "index_bench", "\n".join(lines), summary)
     return 0
 
 

@@ -1,6 +1,6 @@
 """JPEG 4K decode: libjpeg-turbo through simplejpeg (what wdsr uses for JPEG members) vs Pillow, side by side.
 
-    .venv/bin/python bench/jpeg_bench.py [--frames 8] [--repeats 5]
+    .venv/bin/python -m bench.jpeg_bench [--frames 8] [--repeats 5] [--out bench/out]
 
 The stream bench's 4K frames (real-photo mosaics) encoded as JPEG quality 95 (4:2:0); each decoder
 decodes every frame ``--repeats`` times, alternating, in one process; the medians per frame.
@@ -8,32 +8,26 @@ decodes every frame ``--repeats`` times, alternating, in one process; the median
 
 from __future__ import annotations
 
-import argparse
 import io
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from stream_bench import shards  # noqa: E402
-
-from shardmaker.imaging.codecs import _decode_pillow, decode  # noqa: E402
+from bench.common import machine_line, md_table, parser, report, source_frames
+from shardmaker.imaging.codecs import _decode_pillow, decode
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--frames", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default="bench/out")
     args = ap.parse_args()
-    shards(Path(args.out), 128)  # makes the 4K source frames if they are not there
-    srcs = sorted((Path(args.out) / "src4k_stream").glob("*.png"))[: args.frames]
+    head = machine_line()
+    srcs = sorted(source_frames(Path(args.out), 128).glob("*.png"))[: args.frames]
     jpegs = []
     for p in srcs:
         b = io.BytesIO()
@@ -51,13 +45,15 @@ def main() -> int:
             assert a.shape == b.shape and int(np.abs(a.astype(int) - b).max()) <= 2
     med = {k: statistics.median(v) * 1000 for k, v in times.items()}
     size = np.mean([len(j) for j in jpegs]) / 1e6
-    lines = [f"{len(jpegs)} 4K JPEG frames (quality 95, {size:.1f} MB each), {args.repeats} rounds, median ms per decode:", "",
-             "| decoder | ms per 4K frame | vs Pillow |", "|---|---|---|"]
-    for k, v in med.items():
-        lines.append(f"| {k} | {v:.1f} | {med['Pillow'] / v:.2f}x |")
-    text = "\n".join(lines)
-    print(text)
-    (Path(args.out) / "jpeg_bench.md").write_text(text + "\n")
+    lines = [
+        f"{head}; {len(jpegs)} 4K JPEG frames (quality 95, {size:.1f} MB each), {args.repeats} rounds, median ms per decode:",
+        "",
+        md_table(
+            ["decoder", "ms per 4K frame", "Pillow / it"],
+            [(k, f"{v:.1f}", f"**{med['Pillow'] / v:.2f}x**") for k, v in med.items()],
+        ),
+    ]
+    report(Path(args.out), "jpeg_bench", "\n".join(lines))
     return 0
 
 

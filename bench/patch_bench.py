@@ -1,8 +1,8 @@
 """The per-patch path alone: what a patch costs once its pair is decoded (or mapped from the cache).
 
-    .venv/bin/python bench/patch_bench.py [--seconds 15] [--frames 128] [--out bench/out] [--against REV]
+    .venv/bin/python -m bench.patch_bench [--seconds 15] [--frames 128] [--out bench/out] [--against REV]
 
-On the 128 4K frames of ``stream_bench.py`` (x4, HR patch 192, batch 16):
+On the 128 4K frames of ``bench.stream_bench`` (x4, HR patch 192, batch 16):
 
 1. **Per transform**: each of the 8 dihedral transforms, HR 192 x 192 x 3 uint8, as one patch costs
    it: from a decoded H x W x C frame (the crop copy at cut time, then the permuting write into a
@@ -10,21 +10,22 @@ On the 128 4K frames of ``stream_bench.py`` (x4, HR patch 192, batch 16):
    alone), us per HR patch, random positions, 16-row batches.
 2. **In one process** (``num_workers=0``, so nothing competes for the core): ``ms/patch`` of the
    pipeline, decoded QOI at k=16 and k=120 (one epoch), and the PNG shards from the decoded cache
-   (k=16, the third epoch, when the mapped pages are in place), split into the cut and the write;
+   (k=16, the third epoch, when the mapped pages are in place), split into the cut
+   (``wdsr.pipeline.stream.cut_patches``) and the write into the batch (``wdsr.pipeline.batch.collate``);
    then the time one read of ``/proc/self/smaps_rollup`` takes with the cache mapped (what a
    worker's private-memory sample costs).
 3. **The handoff**: ``wdsr bench``'s ``ms/patch`` and patches/s from the decoded cache with 1 and
    2 workers, and the time the trainer process spends taking each batch out of its slot: lent
-   (unpinned, as now) and, with 2 workers, copied out into new tensors (as before); and the
-   trainer process's CPU time over each whole run, as a share of a core.
+   (unpinned, as wdsr does) and, with 2 workers, copied out into new tensors; and the trainer
+   process's CPU time over each whole run, as a share of a core.
 
-``--against REV`` instead times part 1 for this tree's ``wdsr/augment.py`` and the one at git
-revision ``REV``, side by side: six rounds, alternating which goes first, medians per transform.
+``--against REV`` instead times part 1 for this tree's ``wdsr/pipeline/augment.py`` and the one at
+git revision ``REV`` (``wdsr/augment.py`` before the package was split), side by side: six rounds,
+alternating which goes first, medians per transform.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import resource
@@ -40,17 +41,13 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from stream_bench import shards  # noqa: E402
-
-from wdsr import SRDataset, make_loader  # noqa: E402
-from wdsr.loader import tune_malloc  # noqa: E402
-from wdsr.pipeline import augment, handoff, stream
-from wdsr.pipeline.augment import N_DIHEDRAL  # noqa: E402
-from wdsr.pipeline.stats import private_kb  # noqa: E402
-from wdsr.tools.bench import bench_stream, fill_decoded_cache  # noqa: E402
+from bench.common import machine_line, md_table, parser, report, shards
+from wdsr import SRDataset, make_loader
+from wdsr.loader import tune_malloc
+from wdsr.pipeline import augment, batch, handoff, stream
+from wdsr.pipeline.augment import N_DIHEDRAL
+from wdsr.pipeline.stats import private_kb
+from wdsr.tools.bench import bench_stream, fill_decoded_cache
 
 H, W, P = 2160, 3840, 192
 
@@ -97,7 +94,7 @@ def in_process(url: str, k: int, cache: str | None, epochs: int) -> tuple[float,
     ds = SRDataset(url, scale=4, patch_size=P, patches_per_image=k, decoded_cache=cache)
     loader = make_loader(ds, num_workers=0)
     spent = {"cut": 0, "cut_n": 0, "write": 0, "write_n": 0}
-    cut, collate = stream.cut_patches, stream.collate
+    cut, collate = stream.cut_patches, batch.collate
 
     def timed_cut(*a: Any, **kw: Any) -> Any:
         t0 = time.perf_counter_ns()
@@ -114,7 +111,7 @@ def in_process(url: str, k: int, cache: str | None, epochs: int) -> tuple[float,
         return got
 
     ms = rate = float("nan")
-    stream.cut_patches, stream.collate = timed_cut, timed_collate  # type: ignore[assignment]
+    stream.cut_patches, batch.collate = timed_cut, timed_collate  # type: ignore[assignment]
     try:
         for e in range(epochs):
             loader.set_epoch(e)
@@ -126,7 +123,7 @@ def in_process(url: str, k: int, cache: str | None, epochs: int) -> tuple[float,
             ms = (after["patch_ns"] - before["patch_ns"]) / max(1, after["patches"] - before["patches"]) / 1e6
             rate = n * 16 / (time.perf_counter() - t0)
     finally:
-        stream.cut_patches, stream.collate = cut, collate  # type: ignore[assignment]
+        stream.cut_patches, batch.collate = cut, collate  # type: ignore[assignment]
     smaps = smaps_cost()
     del loader, ds
     return ms, spent["cut"] / max(1, spent["cut_n"]) / 1e3, spent["write"] / max(1, spent["write_n"]) / 1e3, rate, smaps
@@ -167,7 +164,8 @@ def handoff_runs(url: str, cache: str, seconds: float) -> list[tuple[str, float,
 
     rows = []
     try:
-        for name, workers, how in (("1 worker, lent", 1, lent), ("2 workers, lent", 2, lent), ("2 workers, copied out", 2, copied)):
+        runs = (("1 worker, lent", 1, lent), ("2 workers, lent", 2, lent), ("2 workers, copied out", 2, copied))
+        for name, workers, how in runs:
             handoff.BatchPool.take = how  # type: ignore[method-assign]
             spent[:] = [0, 0]
             u0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
@@ -182,7 +180,12 @@ def handoff_runs(url: str, cache: str, seconds: float) -> list[tuple[str, float,
 
 def against(rev: str, rounds: int = 6) -> list[str]:
     """Part 1 for this tree's augment.py and the one at ``rev``, alternating, medians per transform."""
-    old_src = subprocess.run(["git", "show", f"{rev}:wdsr/augment.py"], check=True, capture_output=True, text=True).stdout
+    for path in ("wdsr/pipeline/augment.py", "wdsr/augment.py"):  # its home since dd81ea3, and before
+        got = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True)
+        if got.returncode == 0:
+            break
+    got.check_returncode()
+    old_src = got.stdout
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
         f.write(old_src)
     try:
@@ -209,49 +212,60 @@ def against(rev: str, rounds: int = 6) -> list[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--frames", type=int, default=128)
     ap.add_argument("--out", default="bench/out")
     ap.add_argument("--decoded-cache", default="/dev/shm/wdsr-patch-bench")
-    ap.add_argument("--against", metavar="REV", help="time the per-transform copies against wdsr/augment.py at git revision REV")
+    ap.add_argument("--against", metavar="REV", help="time part 1 against wdsr's augment module at git revision REV")
     args = ap.parse_args()
     torch.set_num_threads(1)
     tune_malloc()  # as in a DataLoader worker
     if args.against:
         print("\n".join(against(args.against)))
         return 0
+    head = machine_line()
     ours = shards(Path(args.out), args.frames)
-    lines = [f"{args.frames} 4K frames, x4, HR patch {P}, batch 16; us per HR patch (uint8 RGB) by transform:", ""]
-    lines.append("| source | " + " | ".join(f"t={t}" for t in range(N_DIHEDRAL)) + " | mean |")
-    lines.append("|---" * (N_DIHEDRAL + 2) + "|")
-    for name, us in per_transform().items():
-        lines.append(f"| {name} | " + " | ".join(f"{u:.1f}" for u in us) + f" | **{np.mean(us):.1f}** |")
+    lines = [f"{head}; {args.frames} 4K frames, x4, HR patch {P}, batch 16.", "", "us per HR patch (uint8 RGB) by transform:", ""]
+    lines.append(
+        md_table(
+            ["source", *(f"t={t}" for t in range(N_DIHEDRAL)), "mean"],
+            ([name, *(f"{u:.1f}" for u in us), f"**{np.mean(us):.1f}**"] for name, us in per_transform().items()),
+        )
+    )
     shutil.rmtree(args.decoded_cache, ignore_errors=True)
     try:
         fill_decoded_cache(ours["png"], 4, args.decoded_cache, None, 2)
-        lines += ["", "In one process (`num_workers=0`), HR + LR, cut and write into the batch:", ""]
-        lines += ["| run | ms/patch | of which: cut, us | write, us | patches/s |", "|---|---|---|---|---|"]
+        rows = []
         for name, url, k, cache, epochs in (
             ("decoded QOI, k=16", ours["qoi"], 16, None, 1),
             ("decoded QOI, k=120", ours["qoi"], 120, None, 1),
             ("decoded cache (PNG shards), k=16, 3rd epoch", ours["png"], 16, args.decoded_cache, 3),
         ):
             ms, cut_us, write_us, rate, (gb, smaps_ms) = in_process(url, k, cache, epochs)
-            lines.append(f"| {name} | **{ms:.3f}** | {cut_us:.1f} | {write_us:.1f} | {rate:.0f} |")
-        lines += ["", f"Reading `/proc/self/smaps_rollup` in that process, {gb:.2f} GB of cached pairs mapped: {smaps_ms:.1f} ms"]
-        lines += ["", f"`wdsr bench` from the decoded cache, k=16, {args.seconds:.0f} s:", ""]
+            rows.append((name, f"**{ms:.3f}**", f"{cut_us:.1f}", f"{write_us:.1f}", f"{rate:.0f}"))
         lines += [
-            "| run | patches/s | ms/patch | trainer's time to take a batch | trainer process's CPU, share of a core (whole run) |",
-            "|---|---|---|---|---|",
+            "",
+            "In one process (`num_workers=0`), HR + LR, cut and write into the batch:",
+            "",
+            md_table(["run", "ms/patch", "cut, us", "write, us", "patches/s"], rows),
+            "",
+            f"Reading `/proc/self/smaps_rollup` in that process, {gb:.2f} GB of cached pairs mapped: {smaps_ms:.1f} ms",
         ]
-        for name, rate, ms, take_ms, cpu in handoff_runs(ours["png"], args.decoded_cache, args.seconds):
-            lines.append(f"| {name} | {rate:.0f} | **{ms:.3f}** | {take_ms:.3f} ms | {cpu * 100:.0f}% |")
+        rows = [
+            (name, f"{rate:.0f}", f"**{ms:.3f}**", f"{take_ms:.3f}", f"{cpu * 100:.0f}%")
+            for name, rate, ms, take_ms, cpu in handoff_runs(ours["png"], args.decoded_cache, args.seconds)
+        ]
+        lines += [
+            "",
+            f"`wdsr bench` from the decoded cache, k=16, {args.seconds:.0f} s; the trainer's time to take a batch, "
+            "and the trainer process's CPU over the whole run:",
+            "",
+            md_table(["run", "patches/s", "ms/patch", "take a batch, ms", "trainer CPU, of a core"], rows),
+        ]
     finally:
         shutil.rmtree(args.decoded_cache, ignore_errors=True)
-    text = "\n".join(lines)
-    print(text)
-    Path(args.out, "patch_bench.md").write_text(text + "\n")
+    report(Path(args.out), "patch_bench", "\n".join(lines))
     return 0
 
 

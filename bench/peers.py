@@ -1,8 +1,8 @@
-"""wdsr against the recipes SR users run today, side by side in one run (``pip install -e .[bench]``).
+"""wdsr against the recipes SR users run today, side by side in one run (``pip install -e '.[bench]'``).
 
-    .venv/bin/python bench/peers.py [--seconds 15] [--frames 128] [--out bench/out]
+    .venv/bin/python -m bench.peers [--seconds 15] [--frames 128] [--out bench/out]
 
-The 128 4K frames of ``stream_bench.py`` (x4, HR patch 192, batch 16, 2 DataLoader workers):
+The 128 4K frames of ``bench.stream_bench`` (x4, HR patch 192, batch 16, 2 DataLoader workers):
 
 * **BasicSR's recipe** (our code, following BasicSR's documented DIV2K steps): every frame cut into
   sub-images of 480 px every 240 px (LR: 120 every 60: 120 sub-images per 3840x2160 frame), each
@@ -15,18 +15,15 @@ The 128 4K frames of ``stream_bench.py`` (x4, HR patch 192, batch 16, 2 DataLoad
 * **wdsr**: PNG and QOI at k=16 and at k=120 (the patches per frame per epoch that BasicSR's
   sub-images give), and PNG with the node-wide decoded cache warm (k=16 and k=120).
 
-Ratios are against BasicSR's recipe as it ships (float32 patches). Every loader's DataLoader workers
-run with the malloc settings wdsr's workers set (``wdsr.loader.tune_malloc``: large freed blocks stay
-in the heap). Without them a worker's glibc starts from its defaults, or from whatever state it
-inherits from the bench process: BasicSR's recipe ran 1.4x faster in workers forked after the
-bench had read its LMDB in 64 MiB ``read()`` calls (which left glibc's mmap threshold raised) than
-after ``cat`` had read it; the row "BasicSR recipe, float32, glibc defaults" shows the defaults. The
-page-cache warm-up reads into one reused buffer, so it leaves the bench process's malloc as it was.
+Ratios are against BasicSR's recipe as it ships (float32 patches). Every dataset is read into the
+page cache first, through one reused buffer. Every loader's DataLoader workers run with the malloc
+settings wdsr's workers set (``wdsr.loader.tune_malloc``: large freed blocks stay in the heap);
+without them a worker's glibc starts from its defaults, or from whatever state it inherits from the
+bench process; the row "BasicSR recipe, float32, glibc defaults" shows the defaults.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -34,21 +31,16 @@ import sys
 import time
 from pathlib import Path
 
+import cv2
+import lmdb
 import numpy as np
 import torch
+import webdataset as wds
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import cv2  # noqa: E402
-import lmdb  # noqa: E402
-import webdataset as wds  # noqa: E402
-from stream_bench import shards  # noqa: E402
-
-from shardmaker.format import manifest as mf  # noqa: E402
-from shardmaker.format import tario  # noqa: E402
-from wdsr.loader import tune_malloc  # noqa: E402
-from wdsr.tools.bench import BenchResult, bench_stream, fill_decoded_cache, table  # noqa: E402
+from bench.common import COLUMNS, machine_line, md_table, parser, report, shards, warm_page_cache
+from shardmaker import format as fmt
+from wdsr.loader import tune_malloc
+from wdsr.tools.bench import BenchResult, bench_stream, fill_decoded_cache
 
 BATCH, PATCH, SCALE, WORKERS = 16, 192, 4, 2
 
@@ -71,15 +63,15 @@ def build_lmdb(ours: str, out: Path) -> tuple[Path, Path, float, int]:
         return hr_db, lr_db, m["seconds"], m["bytes"]
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    m = mf.load(ours)
+    m = fmt.load(ours)
     t0 = time.perf_counter()
     envs = {db: lmdb.open(str(db), map_size=1 << 40) for db in (hr_db, lr_db)}
     keys = []
     for info in m.shards:
         with open(Path(ours) / info.name, "rb") as f:
-            for key, _, members in tario.iter_samples(f):
-                hr = cv2.imdecode(np.frombuffer(members[mf.hr_member("png")], np.uint8), cv2.IMREAD_COLOR)
-                lr = cv2.imdecode(np.frombuffer(members[mf.lr_member(SCALE, "png")], np.uint8), cv2.IMREAD_COLOR)
+            for key, _, members in fmt.iter_samples(f):
+                hr = cv2.imdecode(np.frombuffer(members[fmt.hr_member("png")], np.uint8), cv2.IMREAD_COLOR)
+                lr = cv2.imdecode(np.frombuffer(members[fmt.lr_member(SCALE, "png")], np.uint8), cv2.IMREAD_COLOR)
                 hr = hr[: SCALE * lr.shape[0], : SCALE * lr.shape[1]]
                 txn_hr, txn_lr = envs[hr_db].begin(write=True), envs[lr_db].begin(write=True)
                 n = 0
@@ -118,7 +110,9 @@ class PairedLmdb(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.envs is None:  # opened in the worker, read-only, as BasicSR's LmdbBackend does
-            self.envs = tuple(lmdb.open(str(self.folder / n), readonly=True, lock=False, readahead=False) for n in ("hr.lmdb", "lr.lmdb"))
+            self.envs = tuple(
+                lmdb.open(str(self.folder / n), readonly=True, lock=False, readahead=False) for n in ("hr.lmdb", "lr.lmdb")
+            )
         key = self.keys[i].encode()
         imgs = []
         for env in self.envs:
@@ -156,7 +150,9 @@ def bench_loader(name: str, loader_fn, seconds: float, warm_batches: int = 8) ->
             if t0 is not None and time.perf_counter() - t0 >= seconds:
                 dt = time.perf_counter() - t0
                 nan = float("nan")
-                return BenchResult(name, (n - warm_batches) * BATCH / dt, nan, nan, nan, nan, nan, nan, nan, nan, dt, n - warm_batches)
+                return BenchResult(
+                    name, (n - warm_batches) * BATCH / dt, nan, nan, nan, nan, nan, nan, nan, nan, dt, n - warm_batches
+                )
 
 
 def _tuned(_worker_id: int) -> None:
@@ -177,31 +173,31 @@ def wds_patches(k: int):
                     a, b = a[:, ::-1], b[:, ::-1]
                 if rng.random() < 0.5:
                     a, b = a[::-1], b[::-1]
-                yield torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1))), torch.from_numpy(np.ascontiguousarray(b.transpose(2, 0, 1)))
+                yield (
+                    torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1))),
+                    torch.from_numpy(np.ascontiguousarray(b.transpose(2, 0, 1))),
+                )
 
     return cut
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--frames", type=int, default=128)
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--out", default="bench/out")
     ap.add_argument("--decoded-cache", default="/dev/shm/wdsr-peers-bench")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    head = machine_line()
     work = Path(args.out)
     ours = shards(work, args.frames)
     lmdb_dir = work / "basicsr-lmdb"
     _, _, build_s, lmdb_bytes = build_lmdb(ours["png"], lmdb_dir)
     os.sync()
-    buf = bytearray(64 << 20)  # one buffer: no freed blocks that move the malloc thresholds forked workers inherit
-    for f in [*lmdb_dir.rglob("*.mdb"), *Path(ours["png"]).glob("*.tar"), *Path(ours["qoi"]).glob("*.tar")]:
-        with open(f, "rb", buffering=0) as fh:  # every loader reads from the page cache, none from the disk
-            while fh.readinto(buf):
-                pass
-    del buf
-    ours_bytes = {c: mf.load(u).bytes for c, u in ours.items()}
+    # every loader reads from the page cache, none from the disk
+    warm_page_cache([*lmdb_dir.rglob("*.mdb"), *Path(ours["png"]).glob("*.tar"), *Path(ours["qoi"]).glob("*.tar")])
+    ours_bytes = {c: fmt.load(u).bytes for c, u in ours.items()}
     res: list[BenchResult] = []
 
     basicsr = (
@@ -211,15 +207,33 @@ def main() -> int:
     )
     for f32, name, init in basicsr:
         ds = PairedLmdb(lmdb_dir, float32=f32)
-        res.append(bench_loader(name, lambda ds=ds, init=init: torch.utils.data.DataLoader(
-            ds, batch_size=BATCH, shuffle=True, num_workers=WORKERS, persistent_workers=False, drop_last=True,
-            worker_init_fn=init), args.seconds))
+        res.append(
+            bench_loader(
+                name,
+                lambda ds=ds, init=init: torch.utils.data.DataLoader(
+                    ds,
+                    batch_size=BATCH,
+                    shuffle=True,
+                    num_workers=WORKERS,
+                    persistent_workers=False,
+                    drop_last=True,
+                    worker_init_fn=init,
+                ),
+                args.seconds,
+            )
+        )
 
     urls = sorted(str(p) for p in Path(ours["png"]).glob("shard-*.tar"))
     pipe = lambda: torch.utils.data.DataLoader(  # noqa: E731
         wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node, workersplitter=wds.split_by_worker)
-        .decode("rgb8").compose(wds_patches(16)).shuffle(1024).batched(BATCH), batch_size=None, num_workers=WORKERS,
-        worker_init_fn=_tuned)
+        .decode("rgb8")
+        .compose(wds_patches(16))
+        .shuffle(1024)
+        .batched(BATCH),
+        batch_size=None,
+        num_workers=WORKERS,
+        worker_init_fn=_tuned,
+    )
     res.append(bench_loader("plain WebDataset (decode rgb8, k=16, shuffle 1024)", pipe, args.seconds))
 
     kw = dict(workers=WORKERS, batch_size=BATCH, patch_size=PATCH, scale=SCALE, seconds=args.seconds)
@@ -230,32 +244,42 @@ def main() -> int:
     n, fill_s = fill_decoded_cache(ours["png"], SCALE, args.decoded_cache, None, WORKERS)
     cache_bytes = sum(p.stat().st_size for p in Path(args.decoded_cache).rglob("*.pair"))
     for k in (16, 120):
-        res.append(bench_stream(ours["png"], patches_per_image=k, decoded_cache=args.decoded_cache,
-                                name=f"wdsr PNG k={k}, decoded cache warm", **kw))
+        res.append(
+            bench_stream(
+                ours["png"],
+                patches_per_image=k,
+                decoded_cache=args.decoded_cache,
+                name=f"wdsr PNG k={k}, decoded cache warm",
+                **kw,
+            )
+        )
     shutil.rmtree(args.decoded_cache, ignore_errors=True)
 
     base = res[0].patches_per_s
-    by = {r.name: r for r in res}
-    lines = [f"{args.frames} 4K frames, x4, HR patch 192, batch 16, {WORKERS} workers, {args.seconds:.0f} s per loader:", "",
-             "| loader | patches/s | / BasicSR recipe | ms/patch |", "|---|---|---|---|"]
-    for r in res:
-        lines.append(f"| {r.name} | {r.patches_per_s:.1f} | **{r.patches_per_s / base:.2f}x** | "
-                     f"{'-' if r.patch_ms != r.patch_ms else format(r.patch_ms, '.3f')} |")
-    lines += ["",
-              f"- BasicSR's LMDB: {lmdb_bytes / 1e9:.2f} GB ({lmdb_bytes / ours_bytes['png']:.1f}x our PNG shards, "
-              f"{ours_bytes['png'] / 1e9:.2f} GB; QOI {ours_bytes['qoi'] / 1e9:.2f} GB), built in {build_s:.0f} s "
-              f"from decoded frames (the sub-image pass that precedes it not counted)",
-              f"- decoded cache: {n} pairs, {cache_bytes / 1e9:.2f} GB on tmpfs, filled in {fill_s:.1f} s (one decode per frame)",
-              f"- decoded cache warm / wdsr PNG k=16 uncached: **{by['wdsr PNG k=16, decoded cache warm'].patches_per_s / by['wdsr PNG k=16'].patches_per_s:.1f}x**",
-              f"- against BasicSR's recipe with glibc's defaults in its workers "
-              f"({by['BasicSR recipe, float32, glibc defaults'].patches_per_s:.1f} patches/s): "
-              + ", ".join(f"{r.name} **{r.patches_per_s / by['BasicSR recipe, float32, glibc defaults'].patches_per_s:.2f}x**"
-                          for r in res if r.name.startswith("wdsr") and "k=120" in r.name and "cache" not in r.name),
-              "", "Full wdsr rows:", "", table([r for r in res if r.name.startswith("wdsr")], 16)]
-    text = "\n".join(lines)
-    print(text)
-    (work / "peers.md").write_text(text + "\n")
-    (work / "peers.json").write_text(json.dumps([r.__dict__ for r in res], indent=1))
+    by = {r.name: r.patches_per_s for r in res}
+    glibc = by["BasicSR recipe, float32, glibc defaults"]
+
+    ms, ceil = COLUMNS["ms/patch"][1], COLUMNS["of ceiling"][1]
+    rows = [(r.name, f"{r.patches_per_s:.1f}", f"**{r.patches_per_s / base:.2f}x**", ms(r), ceil(r)) for r in res]
+    cached = by["wdsr PNG k=16, decoded cache warm"] / by["wdsr PNG k=16"]
+    lines = [
+        f"{head}; {args.frames} 4K frames, x4, HR patch 192, batch 16, {WORKERS} workers, {args.seconds:.0f} s per loader:",
+        "",
+        md_table(["loader", "patches/s", "/ BasicSR recipe", "ms/patch", "of ceiling"], rows),
+        "",
+        f"- BasicSR's LMDB: {lmdb_bytes / 1e9:.2f} GB ({lmdb_bytes / ours_bytes['png']:.1f}x our PNG shards, "
+        f"{ours_bytes['png'] / 1e9:.2f} GB; QOI {ours_bytes['qoi'] / 1e9:.2f} GB), built in {build_s:.0f} s "
+        f"from decoded frames (the sub-image pass that precedes it not counted)",
+        f"- decoded cache: {n} pairs, {cache_bytes / 1e9:.2f} GB on tmpfs, filled in {fill_s:.1f} s (one decode per frame)",
+        f"- decoded cache warm / wdsr PNG k=16 uncached: **{cached:.1f}x**",
+        f"- against BasicSR's recipe with glibc's defaults in its workers ({glibc:.1f} patches/s): "
+        + ", ".join(
+            f"{name} **{v / glibc:.2f}x**"
+            for name, v in by.items()
+            if name.startswith("wdsr") and "k=120" in name and "cache" not in name
+        ),
+    ]
+    report(work, "peers", "\n".join(lines), [r.__dict__ for r in res])
     return 0
 
 

@@ -1,8 +1,8 @@
 """PNG decode: libspng alone (as before) against libdeflate's inflate + libspng's unfilter (what wdsr does).
 
-    .venv/bin/python bench/png_decode.py [--frames 16] [--out bench/out]
+    .venv/bin/python -m bench.png_decode [--frames 16] [--out bench/out]
 
-The HR and LR PNG members of the first frames of ``stream_bench.py``'s shards (3840 x 2160 RGB
+The HR and LR PNG members of the first frames of ``bench.stream_bench``'s shards (3840 x 2160 RGB
 photos, x4; our writer: filter Average, deflate level 1), one process, one thread, with glibc's
 malloc tuned as in every wdsr worker (``wdsr.loader.tune_malloc``), each member decoded by both
 paths in turn (interleaved, so both see the same machine):
@@ -17,26 +17,22 @@ paths give the same pixels (checked on every member here, and in ``tests/test_co
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import struct
 import sys
 import tarfile
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import deflate
 import numpy as np
 import pyspng
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from stream_bench import shards  # noqa: E402
-
-from shardmaker.imaging import codecs  # noqa: E402
-from wdsr.loader import tune_malloc  # noqa: E402
+from bench.common import machine_line, md_table, parser, report, shards
+from shardmaker.imaging import codecs
+from wdsr.loader import tune_malloc
 
 
 def members(url: str, frames: int) -> dict[str, list[bytes]]:
@@ -60,22 +56,21 @@ def idat(png: bytes) -> tuple[bytes, int]:
     return png[41 : 41 + n], h * (1 + w * (1 if ctype == 0 else 3) * depth // 8)
 
 
-def ms(f, *args) -> float:
+def ms(f: Callable[..., object], *args: object) -> float:
     t0 = time.perf_counter()
     f(*args)
     return (time.perf_counter() - t0) * 1e3
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--frames", type=int, default=16)
     ap.add_argument("--out", default="bench/out")
     args = ap.parse_args()
+    line = machine_line()
     tune_malloc()  # as in every wdsr worker: freed decode buffers are reused, not faulted in again
     url = shards(Path(args.out), 128)["png"]
-    print(f"{args.frames} frames of {url}, 3840 x 2160 RGB, x4; ms per member (median), one process\n")
-    print("| member | libspng | wdsr: libdeflate + libspng | speed-up | inflate: zlib | inflate: libdeflate | speed-up |")
-    print("|---|---|---|---|---|---|---|")
+    rows = []
     for name, datas in members(url, args.frames).items():
         spng, ours, zin, din = [], [], [], []
         for rep in range(3):
@@ -88,7 +83,14 @@ def main() -> int:
                 zin.append(ms(zlib.decompress, stream, zlib.MAX_WBITS, n))
                 din.append(ms(deflate.zlib_decompress, stream, n))
         a, b, c, d = (statistics.median(x) for x in (spng, ours, zin, din))
-        print(f"| {name} | {a:.1f} | {b:.1f} | **{a / b:.2f}x** | {c:.1f} | {d:.1f} | {c / d:.2f}x |")
+        rows.append((name, f"{a:.1f}", f"{b:.1f}", f"**{a / b:.2f}x**", f"{c:.1f}", f"{d:.1f}", f"{c / d:.2f}x"))
+    head = ["member", "libspng", "wdsr: libdeflate + libspng", "speed-up", "inflate: zlib", "inflate: libdeflate", "speed-up"]
+    report(
+        Path(args.out),
+        "png_decode",
+        f"{line}; {args.frames} frames of {url}, 3840 x 2160 RGB, x4; "
+        f"ms per member (median), one process:\n\n" + md_table(head, rows),
+    )
     return 0
 
 

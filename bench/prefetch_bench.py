@@ -1,8 +1,8 @@
 """How far ahead each worker may run: ``make_loader``'s default against 4 batches in flight.
 
-    .venv/bin/python bench/prefetch_bench.py [--rounds 4] [--seconds 15] [--out bench/out]
+    .venv/bin/python -m bench.prefetch_bench [--frames 128] [--rounds 4] [--seconds 15] [--out bench/out]
 
-On the 128 4K frames of ``stream_bench.py`` (x4, HR patch 192, batch 16, 2 workers), QOI and PNG at
+On the 128 4K frames of ``bench.stream_bench`` (x4, HR patch 192, batch 16, 2 workers), QOI and PNG at
 k=120: a worker emits an image's 120 patches (7.5 batches) in one burst after each decode, and the
 trainer takes batches from the workers in turn. With 4 batches in flight, a worker whose next
 batch is not wanted yet waits while the other decodes. The default (``default_prefetch``: one
@@ -13,25 +13,16 @@ machine's CPU time that was idle during each run comes from ``/proc/stat``.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from stream_bench import shards  # noqa: E402
-
-from wdsr import SRDataset  # noqa: E402
-from wdsr.loader import default_prefetch  # noqa: E402
-from wdsr.tools.bench import bench_stream  # noqa: E402
+from bench.common import cpu_idle_total as _cpu
+from bench.common import machine_line, md_table, parser, report, shards
+from wdsr import SRDataset
+from wdsr.loader import default_prefetch
+from wdsr.tools.bench import bench_stream
 
 K, BATCH = 120, 16
-
-
-def _cpu() -> tuple[int, int]:
-    v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return v[3] + v[4], sum(v)  # idle + iowait, all
 
 
 def run(url: str, prefetch: int | None, seconds: float) -> tuple[float, float]:
@@ -43,18 +34,16 @@ def run(url: str, prefetch: int | None, seconds: float) -> tuple[float, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--frames", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--out", default="bench/out")
     args = ap.parse_args()
+    head = machine_line()
     urls = shards(Path(args.out), args.frames)
     default = default_prefetch(SRDataset(urls["qoi"], scale=4, patch_size=192, patches_per_image=K, batch_size=BATCH))
-    lines = [f"{args.frames} 4K frames, x4, HR patch 192, batch {BATCH}, k={K}, 2 workers, {args.seconds:.0f} s per run; "
-             f"the default here is {default} batches in flight per worker", "",
-             "| codec | round | patches/s, 4 in flight | patches/s, default | default / 4 | CPU idle, 4 | CPU idle, default |",
-             "|---|---|---|---|---|---|---|"]
+    rows = []
     bench_stream(urls["qoi"], workers=2, patches_per_image=K, seconds=5.0)  # unmeasured: the first loader of a process runs slow
     for codec in ("qoi", "png"):
         ratios = []
@@ -64,13 +53,17 @@ def main() -> int:
             else:
                 (dflt, idled), (four, idle4) = run(urls[codec], None, args.seconds), run(urls[codec], 4, args.seconds)
             ratios.append(dflt / four)
-            row = f"| {codec.upper()} | {rnd + 1} | {four:.0f} | {dflt:.0f} | **{dflt / four:.2f}x** |"
-            lines.append(f"{row} {idle4:.1%} | {idled:.1%} |")
-            print(lines[-1], flush=True)
-        lines.append(f"| {codec.upper()} | mean | | | **{sum(ratios) / len(ratios):.2f}x** | | |")
-    text = "\n".join(lines)
-    print(text)
-    (Path(args.out) / "prefetch_bench.md").write_text(text + "\n")
+            rows.append(
+                (codec.upper(), rnd + 1, f"{four:.0f}", f"{dflt:.0f}", f"**{dflt / four:.2f}x**", f"{idle4:.1%}", f"{idled:.1%}")
+            )
+            print(rows[-1], flush=True)
+        rows.append((codec.upper(), "mean", "", "", f"**{sum(ratios) / len(ratios):.2f}x**", "", ""))
+    cols = ["codec", "round", "patches/s, 4 in flight", "patches/s, default", "default / 4", "CPU idle, 4", "CPU idle, default"]
+    text = (
+        f"{head}; {args.frames} 4K frames, x4, HR patch 192, batch {BATCH}, k={K}, 2 workers, {args.seconds:.0f} s per run; "
+        f"the default here is {default} batches in flight per worker:\n\n" + md_table(cols, rows)
+    )
+    report(Path(args.out), "prefetch_bench", text)
     return 0
 
 

@@ -1,6 +1,6 @@
 """How fast does a resumed loader give its first batch? Side by side in one run.
 
-    .venv/bin/python bench/resume_bench.py [--frames 128] [--repeats 3]
+    .venv/bin/python -m bench.resume_bench [--frames 128] [--repeats 3] [--out bench/out]
 
 On the stream bench's 4K PNG shards (HR patch 192, x4, batch 16, k=16, shuffle buffer 1024,
 2 workers): the time from ``make_loader`` to the first batch of
@@ -16,19 +16,13 @@ and the images each one decoded (workers' counters) before that first batch.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from stream_bench import shards  # noqa: E402
-
-import wdsr  # noqa: E402
+import wdsr
+from bench.common import machine_line, md_table, parser, report, shards
 
 KW = dict(scale=4, patch_size=192, patches_per_image=16, batch_size=16, shuffle_buffer=1024, seed=0)
 
@@ -49,11 +43,12 @@ def first_batch(url: str, state: dict | None = None, skip: int = 0) -> tuple[flo
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--frames", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="bench/out")
     args = ap.parse_args()
+    head = machine_line()
     url = shards(Path(args.out), args.frames)["png"]
     os.sync()
     probe = wdsr.make_loader(wdsr.SRDataset(url, **KW), num_workers=2)
@@ -67,19 +62,16 @@ def main() -> int:
             rows.setdefault(f"resume at batch {at} of {n}", []).append(first_batch(url, {**base, "batches": at}))
         rows.setdefault(f"replay to batch {n // 2} of {n}", []).append(first_batch(url, skip=n // 2))
     fresh = statistics.median(t for t, _ in rows["fresh epoch"])
-    lines = [
-        f"{args.frames} 4K PNG frames, HR patch 192, x4, batch 16, k=16, shuffle buffer 1024, 2 workers; "
-        f"medians over {args.repeats} rounds (each round: 3 fresh epochs, each resume point, 1 replay):",
-        "",
-        "| start | time to first batch | / fresh epoch | images decoded before it |",
-        "|---|---|---|---|",
-    ]
+    table = []
     for name, vals in rows.items():
         t = statistics.median(v for v, _ in vals)
-        lines.append(f"| {name} | {t:.2f} s | {t / fresh:.2f}x | {statistics.median(s for _, s in vals):.0f} |")
-    text = "\n".join(lines)
-    print(text)
-    (Path(args.out) / "resume_bench.md").write_text(text + "\n")
+        table.append((name, f"{t:.2f} s", f"**{t / fresh:.2f}x**", f"{statistics.median(s for _, s in vals):.0f}"))
+    text = (
+        f"{head}; {args.frames} 4K PNG frames, HR patch 192, x4, batch 16, k=16, shuffle buffer 1024, 2 workers; "
+        f"medians over {args.repeats} rounds (each round: 3 fresh epochs, each resume point, 1 replay):\n\n"
+        + md_table(["start", "time to first batch", "/ fresh epoch", "images decoded before it"], table)
+    )
+    report(Path(args.out), "resume_bench", text)
     return 0
 
 

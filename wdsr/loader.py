@@ -228,10 +228,8 @@ def default_prefetch(ds: SRDataset, batch_bytes: int | None = None) -> int:
 
     A worker emits an image's patches in one burst after its decode, and the trainer takes batches
     from the workers in turn (so that they come in the same order every run): while one worker
-    decodes, the others can run only this far ahead, then wait. At k=120, batch 16, 2 workers, 4 in
-    flight left 1.4-9.4% of the CPU idle; this default (10) leaves ~1% and gave 0.99-1.20x the
-    patches/s, ahead in 23 of 24 rounds (means 1.03x QOI, 1.04-1.06x PNG over three runs of
-    ``bench/prefetch_bench.py``)."""
+    decodes, the others can run only this far ahead, then wait (k=120, batch 16, 2 workers: the
+    default is 10; ``python -m bench.prefetch_bench`` measures it against 4, see bench/README.md)."""
     o = ds.config
     if o.split is not Split.TRAIN:
         return PREFETCH_MIN

@@ -73,7 +73,7 @@ def _flip_code(rows: bool, cols: bool) -> int | None:
 # held in the batch's orientation; a transpose at the cut, where the crop's rows were just read,
 # costs less than one at batch time, when the shuffle buffer has let it go cold. Otherwise its
 # columns are reversed when it is written, plane by plane (OpenCV reverses one- and two-byte
-# columns with SIMD, three-byte pixels one by one: 2-3x slower). bench/patch_bench.py measures
+# columns with SIMD, three-byte pixels one by one: 2-3x slower). `python -m bench.patch_bench` measures
 # each transform.
 _CUT_ROWS = tuple((2 in f) if swap else (1 in f) for swap, f in _PLAN)
 _CUT_COLS = tuple((1 in f) if swap else (2 in f) for swap, f in _PLAN)
