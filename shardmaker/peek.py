@@ -44,10 +44,7 @@ class SampleFiles:
 def manifest_of(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Manifest, str]:
     """The checked manifest and the dataset folder: ``url`` is the folder, or the URL of a manifest
     in it with another name (``shardmaker index -o``)."""
-    folder, name = url, mf.MANIFEST
-    if url.endswith(".json"):
-        folder, _, name = url.rpartition("/")
-        folder = folder or "."
+    folder, name = mf.locate(url)
     return mf.load(folder, storage_options, name=name), folder
 
 

@@ -151,17 +151,9 @@ def _check_indexed_pair(m: Manifest, members: dict[str, bytes], hr_size: Sequenc
     return []
 
 
-def _dataset(url: str) -> tuple[str, str]:
-    """A dataset folder, or the URL of a manifest in it with another name (``shardmaker index -o``)."""
-    if url.endswith(".json"):
-        folder, _, name = url.rpartition("/")
-        return folder or ".", name
-    return url, mf.MANIFEST
-
-
 def verify(url: str, deep: bool = False, progress: bool = True, storage_options: dict[str, Any] | None = None) -> list[str]:
     """Every problem found in the shard set at ``url`` (empty list: all good)."""
-    url, name = _dataset(url)
+    url, name = mf.locate(url)
     m = mf.load(url, storage_options, name=name)
     fs, root = storage.open_dir(url, storage_options)
     problems = []
@@ -180,7 +172,7 @@ def verify(url: str, deep: bool = False, progress: bool = True, storage_options:
 
 def info_text(url: str, storage_options: dict[str, Any] | None = None) -> str:
     """A short human-readable summary of a shard set."""
-    url, name = _dataset(url)
+    url, name = mf.locate(url)
     m = mf.load(url, storage_options, name=name)
     sizes = [tuple(s) for sh in m.shards for s in sh.hr_sizes]
     pixels = [w * h for w, h in sizes]

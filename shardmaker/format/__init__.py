@@ -15,7 +15,7 @@ Readers turn these into ``wdsr.SampleError`` (shard, key, reason); messages neve
 """
 
 from shardmaker.format.headers import DEFAULT_MAX_PIXELS, HeaderError, ImageHeader, check_pair, image_header
-from shardmaker.format.manifest import Manifest, ShardInfo, load, parse
+from shardmaker.format.manifest import Manifest, ShardInfo, load, locate, parse
 from shardmaker.format.schema import (
     FORMAT,
     JSON_MEMBER,
@@ -49,6 +49,7 @@ __all__ = [
     "iter_members",
     "iter_samples",
     "load",
+    "locate",
     "lr_member",
     "pair_fits",
     "parse",

@@ -81,6 +81,7 @@ __all__ = [
     "int_field",
     "list_field",
     "load",
+    "locate",
     "lr_member",
     "pair_fits",
     "parse",
@@ -377,6 +378,15 @@ def _check_unique_keys(shards: list[ShardInfo], where: str) -> None:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def locate(url: str) -> tuple[str, str]:
+    """``(dataset folder, manifest name)`` of ``url``: a dataset folder, or the URL of a manifest in it
+    with another name (``shardmaker index -o``)."""
+    if url.endswith(".json"):
+        folder, _, name = url.rpartition("/")
+        return folder or ".", name
+    return url, MANIFEST
 
 
 def load(url: str, storage_options: dict[str, Any] | None = None, compact: bool = False, name: str = MANIFEST) -> Manifest:

@@ -145,8 +145,9 @@ def dataset_config(settings: dict[str, Any], where: str) -> DatasetConfig:
     opts: dict[str, Any] = {}
     types = {f.name: f.type for f in dataclasses.fields(DatasetConfig)}
     for name, value in settings.items():
-        if value is None and name not in ("min_patch_std", "cache_dir", "cache_limit", "decoded_cache", "decoded_cache_limit"):
-            continue  # a flag left unset: the DatasetConfig default
+        optional = "None" in str(types[name])
+        if value is None and not optional:
+            continue  # null for an option that cannot be None: the DatasetConfig default
         if name in _SIZES and value is not None:
             try:
                 value = parse_size(value, unit="GB")
@@ -155,8 +156,11 @@ def dataset_config(settings: dict[str, Any], where: str) -> DatasetConfig:
         elif name == "retry" and isinstance(value, dict):
             from wdsr.store.remote import Retry
 
-            value = Retry(**value)
-        elif str(types[name]) in _TYPES or str(types[name]).replace(" | None", "") in _TYPES:
+            try:
+                value = Retry(**value)
+            except TypeError as exc:
+                raise ValueError(f"{where}: retry: {exc}") from None
+        elif str(types[name]).replace(" | None", "") in _TYPES:
             value = _coerce(name, types[name], value)
         opts[name] = value
     _check_flags(opts)
