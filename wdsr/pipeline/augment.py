@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 _cv2: Any
-try:  # OpenCV's SIMD kernels for the byte shuffles, 2-6x numpy's (bench/cv2_kernels.py); numpy without it
+try:  # OpenCV's SIMD kernels for the byte shuffles, 2-6x numpy's (python -m bench.cv2_kernels); numpy without it
     import cv2 as _cv2
 except ImportError:  # pragma: no cover - opencv-python-headless is a dependency
     _cv2 = None
@@ -124,7 +124,7 @@ def write_chw(source: np.ndarray, t: int, planar: bool, out: np.ndarray) -> None
     """Batch time: ``source`` (from ``patch_source``) under transform ``t``, C x H x W, into
     ``out`` (a batch slot's row): the values of ``to_chw(dihedral_view(view, t))``.
 
-    With cv2 (OpenCV's SIMD kernels, 2-6x numpy's for these copies; ``bench/cv2_kernels.py``): an
+    With cv2 (OpenCV's SIMD kernels, 2-6x numpy's for these copies; ``python -m bench.cv2_kernels``): an
     H x W [x C] source, cut in the batch's orientation with its rows reversed, is split into
     ``out``'s planes, and their columns reversed in place when ``t`` reverses them and does not
     swap H and W; a planar source is written plane by plane with one flip, transpose or copy (a
