@@ -7,7 +7,35 @@ from typing import Any
 
 from shardmaker import compat
 
-__all__ = ["BuildError", "ImageDataError", "InputError", "OnError", "ShardmakerError"]
+__all__ = ["BuildError", "ImageDataError", "InputError", "OnError", "ShardmakerError", "brief"]
+
+BRIEF_CHARS = 80  # the most characters of a user-given value an error message quotes
+
+
+def brief(value: Any, limit: int = BRIEF_CHARS) -> str:
+    """``repr(value)`` for an error message, at most ``limit`` characters: never formats an unbounded value.
+
+    Containers are described by type and length past the limit, without building their whole repr
+    (a YAML "billion laughs" value is a few KB on disk and gigabytes as a repr).
+    """
+    if isinstance(value, (str, bytes)):
+        text = repr(value[: limit + 1])
+    elif isinstance(value, (int, float, bool)) or value is None:
+        text = repr(value) if not isinstance(value, int) or value.bit_length() < 3 * limit else "<huge int>"
+    elif isinstance(value, (list, tuple, dict, set, frozenset)):
+        text = f"<{type(value).__name__} of {len(value)} items>"
+        items = [*value.keys(), *value.values()] if isinstance(value, dict) else list(value)[:9]
+        if len(value) <= 8 and all(_scalar(v, limit) for v in items):
+            text = repr(value)
+    else:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _scalar(v: Any, limit: int) -> bool:
+    if isinstance(v, int):
+        return v.bit_length() < 3 * limit  # under ``limit`` digits, and no int-to-str digit limit hit
+    return v is None or isinstance(v, float) or (isinstance(v, str) and len(v) <= limit)
 
 
 class ImageDataError(ValueError):
