@@ -6,11 +6,15 @@ publish an object only when its upload completes, so we write the final name dir
 
 from __future__ import annotations
 
+import os
 import posixpath
-from typing import Any
+import stat
+from typing import Any, BinaryIO
 
 import fsspec
 from fsspec.core import url_to_fs
+
+from shardmaker.errors import InputError
 
 __all__ = [
     "discard",
@@ -19,6 +23,8 @@ __all__ = [
     "is_s3",
     "join",
     "open_dir",
+    "open_input",
+    "open_regular",
     "publish",
     "read_bytes",
     "temp_name",
@@ -96,3 +102,48 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
 def read_bytes(fs: fsspec.AbstractFileSystem, path: str) -> bytes:
     with fs.open(path, "rb") as f:
         return f.read()
+
+
+def _kind(mode: int) -> str:
+    kinds = {stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket", stat.S_ISCHR: "a character device"}
+    kinds.update({stat.S_ISBLK: "a block device", stat.S_ISDIR: "a directory", stat.S_ISLNK: "a symbolic link"})
+    return next((name for test, name in kinds.items() if test(mode)), "not a regular file")
+
+
+def open_regular(path: str, follow_symlinks: bool = True) -> BinaryIO:
+    """Open a local file that is not ours for reading, never blocking on it.
+
+    ``open()`` on a FIFO waits for a writer forever, and a device reads without end; here the file is
+    opened non-blocking, checked to be a regular file on the open descriptor (no race between the
+    check and the open), then read normally. ``follow_symlinks=False`` also refuses a link.
+    Raises ``InputError`` naming the path and what it is instead.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if not follow_symlinks:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if not follow_symlinks and os.path.islink(path):
+            raise InputError(path, "is a symbolic link; refused here") from None
+        raise e
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise InputError(path, f"is {_kind(mode)}, not a regular file")
+        os.set_blocking(fd, True)
+        return open(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_input(fs: fsspec.AbstractFileSystem, path: str, **kwargs: Any) -> Any:
+    """``fs.open(path, "rb", **kwargs)`` for a file that is not ours: a local one must be a regular file.
+
+    Local files are opened with ``open_regular`` (the fsspec options are for remote reads); remote
+    stores only hold objects.
+    """
+    if is_local(fs):
+        return open_regular(path)
+    return fs.open(path, "rb", **kwargs)
