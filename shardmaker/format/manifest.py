@@ -221,6 +221,10 @@ class Manifest:
     build: dict[str, Any] = dataclasses.field(default_factory=dict)
     identity: str | None = dataclasses.field(default=None, compare=False)  # sha256 of the file it was read from
     members: MemberNames | None = None  # an index of foreign shards (shardmaker index); None: our own shards
+    # what every sample decodes to: 1 (grey) or 3 (RGB) channels, 8 or 16 bits; None: not recorded
+    # (manifests written before these fields), checked per sample at decode time instead
+    channels: int | None = None
+    bit_depth: int | None = None
 
     def member_names(self, scale: int) -> tuple[str, str]:
         """The HR member and the x``scale`` LR member of every sample (``hr.png``, ``lr_x4.png``)."""
@@ -254,6 +258,10 @@ class Manifest:
         }
         if self.members is not None:
             d["members"] = self.members.to_json()
+        if self.channels is not None:
+            d["channels"] = self.channels
+        if self.bit_depth is not None:
+            d["bit_depth"] = self.bit_depth
         d["shards"] = [s.to_json() for s in self.shards]
         return d
 
@@ -316,11 +324,22 @@ class Manifest:
                 raise ManifestError(where, "shards", f"shard {sh.name} is listed twice")
             names.add(sh.name)
         _check_unique_keys(shards, where)
-        m = cls(codec, list(scales), lr_method, shards, dict(build), members=members)
+        channels, depth = _kind_field(d, "channels", where), _kind_field(d, "bit_depth", where)
+        m = cls(codec, list(scales), lr_method, shards, dict(build), members=members, channels=channels, bit_depth=depth)
         for total in ("samples", "bytes"):
             if total in d and (type(d[total]) is not int or d[total] != getattr(m, total)):
                 raise ManifestError(where, total, "does not add up over the shards")
         return m
+
+
+KINDS = {"channels": (1, 3), "bit_depth": (8, 16)}  # what a sample may decode to
+
+
+def _kind_field(d: dict[str, Any], key: str, where: str) -> int | None:
+    v = d.get(key)
+    if v is not None and (type(v) is not int or v not in KINDS[key]):
+        raise ManifestError(where, key, f"must be one of {', '.join(map(str, KINDS[key]))}")
+    return v
 
 
 @dataclasses.dataclass(frozen=True)
