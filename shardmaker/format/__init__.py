@@ -10,10 +10,14 @@ Everything read from a dataset passes through here and trusts nothing it reads:
   moves forward; bad headers, sizes, checksums or names are :class:`TarFormatError`.
 * :mod:`.headers` -- PNG/QOI headers checked against the manifest's HR size, the scale, channels,
   depth and a pixel limit before any decode (:class:`HeaderError`).
+* :mod:`.tiles` -- tiled image members (header, tile index, independent tiles): counts, offsets and
+  lengths checked against the member's bytes, each tile's header against its box
+  (:class:`TileFormatError`).
 
 Readers turn these into ``wdsr.SampleError`` (shard, key, reason); messages never quote file bytes.
 """
 
+from shardmaker.format import tiles
 from shardmaker.format.headers import DEFAULT_MAX_PIXELS, HeaderError, ImageHeader, check_pair, image_header
 from shardmaker.format.manifest import Manifest, ShardInfo, load, locate, parse
 from shardmaker.format.schema import (
@@ -29,6 +33,7 @@ from shardmaker.format.schema import (
     shard_path,
 )
 from shardmaker.format.tario import TarFormatError, iter_entries, iter_members, iter_samples, split_name
+from shardmaker.format.tiles import TiledHeader, TileFormatError
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
@@ -41,6 +46,8 @@ __all__ = [
     "ManifestError",
     "ShardInfo",
     "TarFormatError",
+    "TileFormatError",
+    "TiledHeader",
     "check_pair",
     "check_shard_name",
     "hr_member",
@@ -56,4 +63,5 @@ __all__ = [
     "probe_file",
     "shard_path",
     "split_name",
+    "tiles",
 ]

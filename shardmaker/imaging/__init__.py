@@ -1,9 +1,23 @@
 """Pixels: ``codecs`` (source images in, shard members out: PNG, QOI), ``png`` (our PNG writer and the
-libdeflate + libspng reader) and ``resize`` (MATLAB-exact bicubic ``imresize``).
+libdeflate + libspng reader), ``resize`` (MATLAB-exact bicubic ``imresize``) and ``tiled`` (tiled
+members: an image cut into tiles, a region decoded from the tiles it touches).
 
 A public door of ``shardmaker``: ``wdsr`` uses the names below and nothing else from here."""
 
 from shardmaker.imaging.codecs import Codec, ImageDataError, decode, encode, load_source
 from shardmaker.imaging.resize import ResizeMethod, downscale, upscale
+from shardmaker.imaging.tiled import decode_region, encode_tiled, read_layout
 
-__all__ = ["Codec", "ImageDataError", "ResizeMethod", "decode", "downscale", "encode", "load_source", "upscale"]
+__all__ = [
+    "Codec",
+    "ImageDataError",
+    "ResizeMethod",
+    "decode",
+    "decode_region",
+    "downscale",
+    "encode",
+    "encode_tiled",
+    "load_source",
+    "read_layout",
+    "upscale",
+]
