@@ -1,10 +1,12 @@
 """Pixels: ``codecs`` (source images in, shard members out: PNG, QOI), ``png`` (our PNG writer and the
 libdeflate + libspng reader), ``resize`` (MATLAB-exact bicubic ``imresize``) and ``tiled`` (tiled
-members: an image cut into tiles, a region decoded from the tiles it touches).
+members: an image cut into tiles, a region decoded from the tiles it touches), ``regions`` (large
+TIFF sources read region by region).
 
 A public door of ``shardmaker``: ``wdsr`` uses the names below and nothing else from here."""
 
 from shardmaker.imaging.codecs import Codec, ImageDataError, decode, encode, load_source
+from shardmaker.imaging.regions import TiffRegions, is_tiff
 from shardmaker.imaging.resize import ResizeMethod, downscale, upscale
 from shardmaker.imaging.tiled import decode_region, encode_tiled, read_layout
 
@@ -12,11 +14,13 @@ __all__ = [
     "Codec",
     "ImageDataError",
     "ResizeMethod",
+    "TiffRegions",
     "decode",
     "decode_region",
     "downscale",
     "encode",
     "encode_tiled",
+    "is_tiff",
     "load_source",
     "read_layout",
     "upscale",

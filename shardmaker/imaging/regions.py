@@ -1,0 +1,136 @@
+"""Large source images read region by region: tiled or stripped TIFF (BigTIFF, OME-TIFF and pyramidal
+slides at level 0, GeoTIFF) through ``tifffile``, decoding only the segments a region overlaps, so
+a build's memory is bounded by the region it works on, never the whole image.
+
+Compressed segments (deflate, LZW, zstd, JPEG, ...) are decoded by ``tifffile`` with ``imagecodecs``
+where it needs it. Every segment's size, byte count and decoded shape are checked before and after
+its decode; a file ``tifffile`` cannot parse is an :class:`ImageDataError`, never its own exception.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shardmaker.errors import ImageDataError
+
+__all__ = ["MAX_SEGMENT_PIXELS", "TiffRegions", "is_tiff"]
+
+MAX_SEGMENT_PIXELS = 1 << 26  # one tile or strip: 8192 x 8192
+_SIDE = 1 << 20
+TIFF_MAGICS = (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+")  # classic and BigTIFF, both byte orders
+
+
+def is_tiff(head: bytes) -> bool:
+    return head[:4] in TIFF_MAGICS
+
+
+class TiffRegions:
+    """One TIFF's base image (series 0, level 0) as ``height x width [x 3]`` uint8/uint16 pixels
+    read by region. ``drop_alpha`` keeps the colour of an RGBA or grey+alpha image."""
+
+    def __init__(self, path: str, drop_alpha: bool = False) -> None:
+        import tifffile
+
+        self.path = path
+        try:
+            self._tif = tifffile.TiffFile(path)
+            series = self._tif.series[0]
+            level = series.levels[0]
+            page = level.keyframe
+            self._pages = len(level.pages)
+        except Exception as e:  # noqa: BLE001 - tifffile raises many types on crafted files
+            raise ImageDataError(f"not a readable TIFF ({type(e).__name__}: {str(e)[:200]})") from None
+        try:
+            self._setup(page, drop_alpha)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, page: Any, drop_alpha: bool) -> None:
+        if self._pages != 1:
+            raise ImageDataError(f"TIFF level 0 has {self._pages} pages (planes or a stack): one image is expected")
+        if page.dtype not in (np.uint8, np.uint16):
+            raise ImageDataError(f"TIFF of {page.dtype} samples: 8- and 16-bit images only")
+        spp = int(page.samplesperpixel)
+        if spp not in (1, 2, 3, 4):
+            raise ImageDataError(f"TIFF with {spp} samples per pixel: grey or RGB (with alpha) only")
+        if spp in (2, 4) and not drop_alpha:
+            raise ImageDataError("TIFF with alpha: give --drop-alpha to keep its colour channels")
+        self.height, self.width = int(page.imagelength), int(page.imagewidth)
+        if not (1 <= self.height <= _SIDE and 1 <= self.width <= _SIDE):
+            raise ImageDataError(f"TIFF of {self.width}x{self.height} pixels: sides must be in [1, {_SIDE}]")
+        self.channels = 1 if spp <= 2 else 3
+        self.bit_depth = 8 * np.dtype(page.dtype).itemsize
+        self._page, self._spp = page, spp
+        self._separate = int(page.planarconfig) == 2 and spp > 1
+        sh, sw = (int(page.tilelength), int(page.tilewidth)) if page.is_tiled else (int(page.rowsperstrip), self.width)
+        self._seg = (max(1, min(sh, self.height)), max(1, sw))
+        if self._seg[0] * self._seg[1] > MAX_SEGMENT_PIXELS:
+            raise ImageDataError(f"TIFF segments of {sw}x{sh} pixels: over {MAX_SEGMENT_PIXELS} (a bomb?)")
+        self._grid = (-(-self.height // self._seg[0]), -(-self.width // self._seg[1]))
+        per_plane = self._grid[0] * self._grid[1]
+        if len(page.dataoffsets) != per_plane * (spp if self._separate else 1):
+            raise ImageDataError(f"TIFF lists {len(page.dataoffsets)} segments, its layout has {per_plane}")
+
+    def __enter__(self) -> TiffRegions:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._tif.close()
+
+    def read(self, y: int, x: int, h: int, w: int) -> np.ndarray:
+        """The ``h x w`` region at ``(y, x)``: HxW (grey) or HxWx3, from the segments it overlaps."""
+        if not (0 <= y and 0 <= x and h > 0 and w > 0 and y + h <= self.height and x + w <= self.width):
+            raise ValueError(f"{self.path}: region {w}x{h} at ({x}, {y}) is not inside the {self.width}x{self.height} image")
+        dtype = np.uint8 if self.bit_depth == 8 else np.uint16
+        out = np.zeros((h, w, self.channels), dtype=dtype)
+        (sh, sw), (_, cols) = self._seg, self._grid
+        planes = range(self._spp if self._separate else 1)
+        for plane in planes:
+            if self._separate and plane >= self.channels:
+                continue  # an alpha plane, dropped
+            for r in range(y // sh, (y + h - 1) // sh + 1):
+                for c in range(x // sw, (x + w - 1) // sw + 1):
+                    seg = self._segment(plane * self._grid[0] * cols + r * cols + c)
+                    ty, tx = r * sh, c * sw
+                    y0, x0, y1, x1 = max(y, ty), max(x, tx), min(y + h, ty + sh), min(x + w, tx + sw)
+                    part = seg[y0 - ty : y1 - ty, x0 - tx : x1 - tx]
+                    if self._separate:
+                        out[y0 - y : y1 - y, x0 - x : x1 - x, plane] = part[..., 0]
+                    else:
+                        out[y0 - y : y1 - y, x0 - x : x1 - x] = part[..., : self.channels]
+        return out[..., 0] if self.channels == 1 else out
+
+    def _segment(self, i: int) -> np.ndarray:
+        """Segment ``i`` decoded, ``sh x sw x samples``, its byte count bounded before it is read."""
+        page = self._page
+        sh, sw = self._seg
+        samples = 1 if self._separate else self._spp
+        raw = sh * sw * samples * (self.bit_depth // 8)
+        offset, count = int(page.dataoffsets[i]), int(page.databytecounts[i])
+        if count > 2 * raw + (1 << 20):
+            raise ImageDataError(f"TIFF segment {i} of {count} bytes: over what a {sw}x{sh} segment can take")
+        if count == 0:  # a sparse segment (never written): zeros
+            return np.zeros((sh, sw, samples), dtype=page.dtype)
+        fh = self._tif.filehandle
+        try:
+            fh.seek(offset)
+            data = fh.read(count)
+            if len(data) != count:
+                raise ImageDataError(f"TIFF segment {i}: {count} bytes at {offset}, the file ends first")
+            seg, _, shape = page.decode(data, i, jpegtables=page.jpegtables)
+        except ImageDataError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a codec's own error on corrupt data
+            raise ImageDataError(f"TIFF segment {i}: {type(e).__name__}: {str(e)[:200]}") from None
+        row = (i % (self._grid[0] * self._grid[1])) // self._grid[1]
+        short = (1, min(sh, self.height - row * sh), sw, samples)  # a last strip holds the rows left
+        if seg is None or tuple(seg.shape) not in ((1, sh, sw, samples), short):
+            got = None if seg is None else tuple(seg.shape)
+            raise ImageDataError(f"TIFF segment {i} decoded to {got}, its layout says {(1, sh, sw, samples)}")
+        return seg[0]
