@@ -194,3 +194,58 @@ def test_a_huge_tiff_is_read_in_bounded_memory(tmp_path: Path) -> None:
             a, b = max(y0, ty), max(x0, tx)
             e, f = min(y0 + 1024, ty + t), min(x0 + 1024, tx + t)
             np.testing.assert_array_equal(got[a - y0 : e - y0, b - x0 : f - x0], tile[a - ty : e - ty, b - tx : f - tx])
+
+
+# ---- region samples: where they are, their LR, their valid share ------------------------------
+from shardmaker.builder.regions import Region, plan_regions, region_lr, valid_share  # noqa: E402
+from shardmaker.imaging.resize import ResizeMethod, downscale  # noqa: E402
+
+
+@pytest.mark.parametrize("side,scales", [(256, (2, 4)), (300, (2, 3, 4)), (100, (3,)), (10000, (4,))])
+def test_regions_tile_the_image(side: int, scales: tuple[int, ...]) -> None:
+    h, w = 701, 1103
+    regions = plan_regions(h, w, side, scales)
+    cover = np.zeros((h, w), np.int32)
+    for r in regions:
+        assert all(r.y % s == 0 and r.x % s == 0 for s in scales)
+        assert all(r.h >= max(scales) and r.w >= max(scales) for s in scales)  # an LR at every scale
+        cover[r.y : r.y + r.h, r.x : r.x + r.w] += 1
+    assert np.all(cover == 1)
+    assert len({r.key("slide") for r in regions}) == len(regions)
+    assert Region(8192, 16384, 10, 10).key("a/slide") == "a/slide_y0008192_x0016384"
+
+
+@pytest.mark.parametrize("method", [ResizeMethod.MATLAB, ResizeMethod.MATLAB_UINT8])
+@pytest.mark.parametrize("scales", [(2, 4), (2, 3, 4)])
+def test_region_lr_equals_the_whole_images_lr_crop(method: ResizeMethod, scales: tuple[int, ...]) -> None:
+    """At every region border (small regions: many borders, the image's odd edges included)."""
+    img = _mosaic(701, 1103)
+    read = lambda y, x, h, w: img[y : y + h, x : x + w]  # noqa: E731
+    for s in scales:
+        whole = downscale(img[: 701 // s * s, : 1103 // s * s], s, method)
+        for r in plan_regions(701, 1103, 120, scales):
+            got = region_lr(read, (701, 1103), r, s, method)
+            want = whole[r.y // s : (r.y + r.h) // s, r.x // s : (r.x + r.w) // s]
+            np.testing.assert_array_equal(got, want, err_msg=f"x{s} {r}")
+
+
+def test_region_lr_16_bit_grey_from_a_tiff(tmp_path: Path) -> None:
+    grey = _mosaic(517, 643)[..., 0].astype(np.uint16) * 257
+    path = tmp_path / "g.tif"
+    tifffile.imwrite(path, grey, tile=(64, 64), compression="zlib")
+    whole = downscale(grey[:516, :640], 4)
+    with TiffRegions(str(path)) as src:
+        for r in plan_regions(517, 643, 200, (4,)):
+            got = region_lr(src.read, (517, 643), r, 4)
+            np.testing.assert_array_equal(got, whole[r.y // 4 : (r.y + r.h) // 4, r.x // 4 : (r.x + r.w) // 4])
+
+
+def test_valid_share() -> None:
+    photo = _mosaic(512, 512)
+    assert valid_share(photo) > 0.9
+    glass = np.full((512, 1024, 3), 235, np.uint8)
+    glass += np.random.default_rng(0).integers(0, 4, glass.shape, dtype=np.uint8)  # sensor noise: still flat
+    assert valid_share(glass) == 0.0
+    glass[:, :256] = photo[:, :256]
+    assert valid_share(glass) == pytest.approx(0.25, abs=0.02)
+    assert valid_share(glass[..., 0].astype(np.uint16) * 257) == pytest.approx(0.25, abs=0.05)
