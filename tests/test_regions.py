@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 import tifffile
 
+from shardmaker.builder.regions import Region, plan_regions, region_lr, valid_share
 from shardmaker.errors import ImageDataError
 from shardmaker.imaging.regions import TiffRegions, is_tiff
+from shardmaker.imaging.resize import ResizeMethod, downscale
 from tests.helpers import photos
 
 
@@ -197,8 +199,6 @@ def test_a_huge_tiff_is_read_in_bounded_memory(tmp_path: Path) -> None:
 
 
 # ---- region samples: where they are, their LR, their valid share ------------------------------
-from shardmaker.builder.regions import Region, plan_regions, region_lr, valid_share  # noqa: E402
-from shardmaker.imaging.resize import ResizeMethod, downscale  # noqa: E402
 
 
 @pytest.mark.parametrize("side,scales", [(256, (2, 4)), (300, (2, 3, 4)), (100, (3,)), (10000, (4,))])

@@ -13,9 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardmaker.format import tiles as tl
-from shardmaker.imaging import Codec, encode
+from shardmaker.imaging import Codec, TiledImage, downscale, encode
 from shardmaker.imaging.tiled import decode_region, encode_tiled, read_layout
 from tests.helpers import photos
+from wdsr.pipeline.decode import DecodedPair
+from wdsr.pipeline.patches import PatchConfig, cut_patches
 
 
 def _kinds() -> list[tuple[str, np.ndarray, Codec]]:
@@ -168,3 +170,49 @@ def test_fuzzed_members_end_in_our_error(cuts: list[tuple[int, int]], truncate: 
         assert isinstance(e, tl.TileFormatError) or "not inside" in str(e)
     else:
         assert out.shape[:2] == (min(hh, 200 - y), min(ww, 300 - x))
+
+
+# ---- TiledImage: the lazily decoded image the stream cuts patches from -------------------------
+
+
+def test_tiled_image_slices_decode_each_tile_once() -> None:
+    img = photos()[2]
+    t = TiledImage(encode_tiled(img, 64, Codec.QOI), shape_hw=(399, 597))
+    assert t.shape == (399, 597, 3) and t.dtype == np.uint8 and t.ndim == 3
+    np.testing.assert_array_equal(t[10:70, 60:130], img[10:70, 60:130])
+    assert t.tiles_decoded == 6  # 64-pixel tiles: y 10..69 -> 2 rows, x 60..129 -> 3 columns
+    np.testing.assert_array_equal(t[10:70, 60:130, :], img[10:70, 60:130])
+    assert t.tiles_decoded == 6  # the same slice again decodes nothing new
+    np.testing.assert_array_equal(np.asarray(t), img[:399, :597])
+    with pytest.raises(TypeError):
+        t[0:10:2, 0:10]
+    with pytest.raises(ValueError, match="not inside"):
+        t.region(390, 0, 10, 10)
+
+
+@pytest.mark.parametrize("k,tile,scale", [(4, 64, 2), (16, 96, 4), (33, 48, 3)])
+@pytest.mark.parametrize("kind", ["rgb8", "grey16"])
+def test_patches_from_tiles_equal_patches_from_arrays(k: int, tile: int, scale: int, kind: str) -> None:
+    """The patch draws are a function of (seed, epoch, key, j) and the pixels: cut from a tiled
+    pair they are byte-identical to the ones cut from the decoded arrays."""
+    img = photos()[2]
+    if kind == "grey16":
+        img = img[..., 0].astype(np.uint16) * 257 + 3
+    lh, lw = img.shape[0] // scale, img.shape[1] // scale
+    hr = np.ascontiguousarray(img[: lh * scale, : lw * scale])
+    lr = downscale(hr, scale)
+    codec = Codec.QOI if kind == "rgb8" else Codec.PNG
+    tiled_hr = TiledImage(encode_tiled(img, tile, codec), shape_hw=(lh * scale, lw * scale))
+    tiled_lr = TiledImage(encode_tiled(lr, tile // scale, codec))
+    for std in (None, 20.0):
+        spec = PatchConfig(scale=scale, patch_size=24 * scale, min_patch_std=std)
+        plain = DecodedPair("s.tar", "k", 0, hr, lr, 0, 0)
+        tiled = DecodedPair("s.tar", "k", 0, tiled_hr, tiled_lr, 0, 0)  # type: ignore[arg-type]
+        a, ra = cut_patches(plain, spec, 7, 1, 0, k)
+        b, rb = cut_patches(tiled, spec, 7, 1, 0, k)
+        assert ra == rb
+        for pa, pb in zip(a, b, strict=True):
+            assert (pa.t, pa.j) == (pb.t, pb.j)
+            np.testing.assert_array_equal(pa.lr, pb.lr)
+            np.testing.assert_array_equal(pa.hr, pb.hr)
+    assert tiled_hr.tiles_decoded < tiled_hr.header.count

@@ -8,13 +8,14 @@ A public door of ``shardmaker``: ``wdsr`` uses the names below and nothing else 
 from shardmaker.imaging.codecs import Codec, ImageDataError, decode, encode, load_source
 from shardmaker.imaging.regions import TiffRegions, is_tiff
 from shardmaker.imaging.resize import ResizeMethod, downscale, upscale
-from shardmaker.imaging.tiled import decode_region, encode_tiled, read_layout
+from shardmaker.imaging.tiled import TiledImage, decode_region, encode_tiled, read_layout
 
 __all__ = [
     "Codec",
     "ImageDataError",
     "ResizeMethod",
     "TiffRegions",
+    "TiledImage",
     "decode",
     "decode_region",
     "downscale",

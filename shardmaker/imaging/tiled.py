@@ -3,12 +3,14 @@ and a region read back by decoding only the tiles it touches, each once."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from shardmaker.format import tiles as tl
 from shardmaker.imaging.codecs import Codec, ImageDataError, decode, encode
 
-__all__ = ["decode_region", "encode_tiled", "read_layout"]
+__all__ = ["TiledImage", "decode_region", "encode_tiled", "read_layout"]
 
 
 def encode_tiled(img: np.ndarray, tile: int, codec: Codec | str = Codec.QOI, png_level: int = 1) -> bytes:
@@ -34,6 +36,85 @@ def read_layout(member: bytes | memoryview) -> tuple[tl.TiledHeader, np.ndarray]
     return h, tl.parse_index(h, memoryview(member)[tl.HEADER_BYTES : h.data_start], len(member))
 
 
+class TiledImage:
+    """A tiled member as a lazily decoded ``H x W [x C]`` image: slicing it (``img[y0:y1, x0:x1]``)
+    decodes only the tiles the slice touches, each tile once for the object's life, and returns a
+    new array. ``shape_hw`` views only the top-left part (an HR cropped to ``scale x LR``).
+
+    Every tile's bytes are checked (range; digest when ``verify``) and its own header against its
+    box before it is decoded (:mod:`shardmaker.format.tiles`)."""
+
+    def __init__(
+        self,
+        member: bytes | memoryview,
+        layout: tuple[tl.TiledHeader, np.ndarray] | None = None,
+        shape_hw: tuple[int, int] | None = None,
+        verify: bool = False,
+    ) -> None:
+        self.header, self._index = layout if layout is not None else read_layout(member)
+        h = self.header
+        hh, ww = shape_hw if shape_hw is not None else (h.height, h.width)
+        if not (0 < hh <= h.height and 0 < ww <= h.width):
+            raise ValueError(f"a {ww}x{hh} view of a {h.width}x{h.height} tiled image")
+        self._member, self._verify = member, verify
+        self.shape: tuple[int, ...] = (hh, ww) if h.channels == 1 else (hh, ww, h.channels)
+        self.dtype = np.dtype(np.uint8 if h.bit_depth == 8 else np.uint16)
+        self._tiles: dict[int, np.ndarray] = {}
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def tiles_decoded(self) -> int:
+        return len(self._tiles)
+
+    def tile(self, i: int) -> np.ndarray:
+        """Tile ``i`` decoded (once), its bytes and header checked first."""
+        got = self._tiles.get(i)
+        if got is None:
+            h = self.header
+            data = tl.tile_view(self._member, h, self._index, i, self._verify)
+            tl.check_tile(h, i, data)
+            try:
+                got = decode(data, h.codec)
+            except ImageDataError as e:
+                raise tl.TileFormatError(str(e), i) from None
+            _, _, th, tw = h.box(i)
+            if got.shape[:2] != (th, tw) or got.dtype != self.dtype:  # the decoder agrees with the header
+                raise tl.TileFormatError(f"decoded to {got.shape} {got.dtype}, the grid says {th}x{tw} {self.dtype}", i)
+            self._tiles[i] = got
+        return got
+
+    def region(self, y: int, x: int, height: int, width: int) -> np.ndarray:
+        if not (0 <= y and 0 <= x and height > 0 and width > 0 and y + height <= self.shape[0] and x + width <= self.shape[1]):
+            raise ValueError(f"region {width}x{height} at ({x}, {y}) is not inside the {self.shape[1]}x{self.shape[0]} image")
+        out = np.empty((height, width, *self.shape[2:]), dtype=self.dtype)
+        h = self.header
+        for i in h.touched(y, x, height, width):
+            pix = self.tile(i)
+            ty, tx, th, tw = h.box(i)
+            y0, x0 = max(y, ty), max(x, tx)
+            y1, x1 = min(y + height, ty + th), min(x + width, tx + tw)
+            out[y0 - y : y1 - y, x0 - x : x1 - x] = pix[y0 - ty : y1 - ty, x0 - tx : x1 - tx]
+        return out
+
+    def __getitem__(self, key: tuple[slice, slice] | tuple[slice, slice, slice]) -> np.ndarray:
+        """Basic slices of rows and columns (a third ``:`` for channels); steps of 1 only."""
+        if not isinstance(key, tuple) or len(key) not in (2, 3) or not all(isinstance(k, slice) for k in key):
+            raise TypeError("a TiledImage takes [y0:y1, x0:x1] slices")
+        if len(key) == 3 and key[2] != slice(None):
+            raise TypeError("a TiledImage slices rows and columns only")
+        (y0, y1, ys), (x0, x1, xs) = key[0].indices(self.shape[0]), key[1].indices(self.shape[1])
+        if ys != 1 or xs != 1 or y1 <= y0 or x1 <= x0:
+            raise TypeError(f"a TiledImage takes non-empty slices with step 1, got {key}")
+        return self.region(y0, x0, y1 - y0, x1 - x0)
+
+    def __array__(self, dtype: Any = None, copy: object = None) -> np.ndarray:
+        whole = self.region(0, 0, self.shape[0], self.shape[1])
+        return whole if dtype is None else whole.astype(dtype)
+
+
 def decode_region(
     member: bytes | memoryview,
     y: int,
@@ -45,20 +126,4 @@ def decode_region(
 ) -> np.ndarray:
     """The ``height x width`` region at ``(y, x)`` of a tiled member (HxW for grey, HxWx3 for RGB),
     from the tiles it touches only; every tile's bytes and header are checked before its decode."""
-    h, index = layout if layout is not None else read_layout(member)
-    dtype = np.uint8 if h.bit_depth == 8 else np.uint16
-    out = np.empty((height, width) if h.channels == 1 else (height, width, h.channels), dtype=dtype)
-    for i in h.touched(y, x, height, width):
-        data = tl.tile_view(member, h, index, i, verify)
-        tl.check_tile(h, i, data)
-        try:
-            pix = decode(data, h.codec)
-        except ImageDataError as e:
-            raise tl.TileFormatError(str(e), i) from None
-        ty, tx, th, tw = h.box(i)
-        if pix.shape[:2] != (th, tw) or pix.dtype != dtype:  # the decoder agrees with the header it was given
-            raise tl.TileFormatError(f"decoded to {pix.shape} {pix.dtype}, the grid says {th}x{tw} {dtype.__name__}", i)
-        y0, x0 = max(y, ty), max(x, tx)
-        y1, x1 = min(y + height, ty + th), min(x + width, tx + tw)
-        out[y0 - y : y1 - y, x0 - x : x1 - x] = pix[y0 - ty : y1 - ty, x0 - tx : x1 - tx]
-    return out
+    return TiledImage(member, layout, verify=verify).region(y, x, height, width)
