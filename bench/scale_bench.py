@@ -23,10 +23,10 @@ from bench.common import REPO, machine_line, md_table, parser, report
 PER_SHARD = 250
 
 PROBE = r"""
-import json, resource, sys, time
-def rss():
+import json, sys, time
+def rss(field="VmRSS:"):  # VmHWM for the peak: ru_maxrss would keep the forking parent's across exec
     for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
+        if line.startswith(field):
             return int(line.split()[1]) * 1024
 import numpy as np
 from shardmaker import format as fmt
@@ -37,7 +37,7 @@ t0 = time.perf_counter()
 m = fmt.load(path, compact=sys.argv[4] == "compact")
 load_s = time.perf_counter() - t0
 held = rss() - before
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+peak = rss("VmHWM:") - before
 sizes = [s.samples for s in m.shards]
 t0 = time.perf_counter()
 plan.slot_plan(sizes, 0, 3, ranks, workers, ranks * workers // 2 + 7)

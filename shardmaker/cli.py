@@ -13,7 +13,7 @@ from shardmaker import __version__
 from shardmaker.builder import BuildConfig, build, merge_when_ready
 from shardmaker.builder.sample import LrMethod, SampleConfig
 from shardmaker.clikit import OneLineParser, configure_logging, parse_args, parse_part, parse_scales, parse_size, storage_error
-from shardmaker.errors import OnError, ShardmakerError
+from shardmaker.errors import OnError, ShardmakerError, brief
 from shardmaker.imaging.codecs import Codec
 from shardmaker.imaging.resize import ResizeMethod
 from shardmaker.index import IndexConfig, index
@@ -226,6 +226,21 @@ def _index_parser(sub: Any) -> None:
         default=1 << 28,
         help="refuse HR images larger than this many pixels, from their headers (default 2^28)",
     )
+    x.add_argument(
+        "--channels",
+        type=int,
+        choices=(1, 3),
+        default=None,
+        help="every sample's channels: 1 (grey) or 3 (RGB); a sample of another kind is a bad sample "
+        "(default: the first usable sample's)",
+    )
+    x.add_argument(
+        "--bit-depth",
+        type=int,
+        choices=(8, 16),
+        default=None,
+        help="every sample's bit depth, 8 or 16; a sample of another is a bad sample (default: the first usable sample's)",
+    )
     x.add_argument("--wids", action="store_true", help="also write NAME.wids.json, a shard list for wids.ShardListDataset")
     x.add_argument("--overwrite", action="store_true", help="replace a manifest already at MANIFEST_URL")
 
@@ -291,6 +306,8 @@ def _index(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         wids=args.wids,
         progress=not args.quiet,
+        channels=args.channels,
+        bit_depth=args.bit_depth,
     )
     res = index(args.shards if len(args.shards) > 1 else args.shards[0], args.out, cfg)
     m = res.manifest
@@ -298,11 +315,20 @@ def _index(args: argparse.Namespace) -> int:
         f"wrote {res.path}: {m.samples} samples in {len(m.shards)} shards, {m.bytes / 1e6:.1f} MB indexed "
         f"in {res.seconds:.1f} s ({m.bytes / 1e6 / max(res.seconds, 1e-9):.0f} MB/s)"
     )
-    if res.skipped:
-        print(f"skipped {len(res.skipped)}:")
-        for s in res.skipped:
-            print(f"  {s['shard']}{' ' + repr(s['key']) if 'key' in s else ''}: {s['reason']}")
+    if res.skipped_count:
+        print(f"skipped {res.skipped_count}:")
+        for s in res.skipped[:_LISTED]:
+            print(f"  {s['shard']}{' ' + brief(s['key']) if 'key' in s else ''}: {s['reason']}")
+        _and_more(res.skipped_count)
     return 0
+
+
+_LISTED = 20  # skipped samples or sources the summary names; the manifest counts them all by reason
+
+
+def _and_more(count: int) -> None:
+    if count > _LISTED:
+        print(f"  ... and {count - _LISTED} more (the manifest's build.skipped_reasons counts them by reason)")
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -343,8 +369,9 @@ def _build(args: argparse.Namespace) -> int:
     )
     if res.skipped:
         print(f"skipped {len(res.skipped)} source file(s):")
-        for s in res.skipped:
+        for s in res.skipped[:_LISTED]:
             print(f"  {s.path}: {s.reason}")
+        _and_more(len(res.skipped))
     if not res.complete:
         print("this was one part: run `shardmaker merge OUT` once every part has finished")
     return 0

@@ -8,9 +8,15 @@ of its data and the HR size (from the image header, no decode) go into the manif
 finds members wherever they are in the shard and in any order. The whole shard's sha256 and probe
 are computed in the same pass (``shardmaker verify`` and the reader check them).
 
-A sample without one of the members, with an unreadable header or with HR not ``s`` x LR is
-refused (``--on-error fail``, naming shard and key) or left out and listed in the manifest's
-``build.skipped`` (``--on-error skip``).
+Members are streamed: a member's digest is computed chunk by chunk and only its first
+``headers.HEAD_BYTES`` (its header) are held, so memory does not grow with a member's size; a member
+larger than any image ``max_pixels`` allows (or than the image its own header describes) is refused
+without being read.
+
+A sample without one of the members, with an unreadable header, an HR not ``s`` x LR, a key the
+format refuses, or of another kind (channels, bit depth) than the dataset's, is refused
+(``--on-error fail``, naming shard and key) or left out and counted in the manifest's
+``build.skipped`` (``--on-error skip``; bounded: the first few listed, all counted by reason).
 """
 
 from __future__ import annotations
@@ -28,12 +34,11 @@ from typing import Any
 
 import numpy as np
 import xxhash
-from braceexpand import braceexpand
 from tqdm import tqdm
 
 from shardmaker import __version__, storage
-from shardmaker.errors import OnError, ShardmakerError
-from shardmaker.format import headers, tario
+from shardmaker.errors import OnError, ShardmakerError, brief
+from shardmaker.format import headers, patterns, tario
 from shardmaker.format import manifest as mf
 
 log = logging.getLogger("shardmaker")
@@ -55,9 +60,14 @@ class IndexConfig:
     wids: bool = False  # also write a wids shard list beside the manifest
     progress: bool = True
     storage_options: dict[str, Any] | None = None
+    channels: int | None = None  # every sample's channels (1 or 3); None: the first good sample's
+    bit_depth: int | None = None  # every sample's bit depth (8 or 16); None: the first good sample's
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "on_error", OnError(self.on_error))
+        for field, allowed in mf.KINDS.items():
+            if getattr(self, field) not in (None, *allowed):
+                raise ValueError(f"{field} must be one of {', '.join(map(str, allowed))}, got {brief(getattr(self, field))}")
         mf.MemberNames.from_json({"hr": self.hr, "lr": {str(s): n for s, n in self.lr.items()}}, "--hr/--lr")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
@@ -87,8 +97,9 @@ class _Shard:
 class IndexResult:
     manifest: mf.Manifest
     path: str  # where it was written
-    skipped: list[dict[str, str]]
+    skipped: list[dict[str, str]]  # the first mf.SKIP_EXAMPLES of what was left out
     seconds: float
+    skipped_count: int = 0  # all that was left out
 
 
 class _Hashing:
@@ -159,10 +170,11 @@ def index_shard(fs: Any, path: str, name: str, cfg: IndexConfig, bar: Any = None
     extended = False
     unmatched: dict[str, None] = {}
     size = fs.size(path)
-    with fs.open(path, "rb", block_size=_CHUNK) as raw:
+    with storage.open_input(fs, path, block_size=_CHUNK) as raw:
         f = _Hashing(raw, size, bar)
         try:
-            for e in tario.iter_entries(f, limit=size, want=lambda n: match(n) is not None, skipped=True):  # type: ignore[arg-type]
+            wanted = tario.iter_entries(f, limit=size, want=lambda n: match(n) is not None, skipped=True, stream=True)  # type: ignore[arg-type]
+            for e in wanted:
                 extended = extended or len(e.name.encode()) > 100 or not e.name.isascii()
                 dot = e.name.find(".", e.name.rfind("/") + 1)  # WebDataset's key: up to the first dot of the basename
                 if dot > 0 and e.name[:dot] != last_wds:
@@ -174,14 +186,12 @@ def index_shard(fs: Any, path: str, name: str, cfg: IndexConfig, bar: Any = None
                 key, member = match(e.name)  # type: ignore[misc]
                 s = samples.setdefault(key, _Sample(key, {}))
                 if member in s.members:
-                    s.problem = s.problem or f"member {e.name!r} appears twice"
+                    s.problem = s.problem or f"member {brief(e.name)} appears twice"
                     continue
-                try:
-                    head = headers.image_header(e.data, member)
-                except headers.HeaderError as exc:
-                    s.problem = s.problem or f"{member}: {exc}"
-                    head = headers.ImageHeader(1, 1, 0, 0)
-                s.members[member] = (e.start, e.end - e.start, xxhash.xxh3_64_intdigest(e.data), head)
+                digest, head, problem = _read_member(e.data, member, cfg.max_pixels)
+                if problem is not None:
+                    s.problem = s.problem or f"{member}: {problem}"
+                s.members[member] = (e.start, e.end - e.start, digest, head)
         except tario.TarFormatError as exc:
             f.finish()
             return _Shard(name, size, "", "", [], 0, f"bad tar data ({exc})")
@@ -192,7 +202,39 @@ def index_shard(fs: Any, path: str, name: str, cfg: IndexConfig, bar: Any = None
     return _Shard(name, size, sha, probe, list(samples.values()), wds_keys, extended_names=extended, unmatched=tuple(unmatched))
 
 
+_NO_HEADER = headers.ImageHeader(1, 1, 0, 0)
+
+
+def _read_member(data: tario.MemberStream, member: str, max_pixels: int) -> tuple[int, headers.ImageHeader, str | None]:
+    """``(xxh3_64, header, problem)`` of a member, streamed: only its first ``HEAD_BYTES`` are held. A
+    member larger than any image ``max_pixels`` allows, or than its own header's image, is not read."""
+    codec = mf.codec_of(member)
+    limit = headers.member_limit(member, max_pixels)
+    if data.size > limit:
+        return (
+            0,
+            _NO_HEADER,
+            (f"{data.size} bytes: larger than any {codec} image within max_pixels={max_pixels} can be ({limit} bytes)"),
+        )
+    first = data.read(headers.HEAD_BYTES)
+    try:
+        head = headers.image_header(first, member)
+    except headers.HeaderError as exc:
+        return 0, _NO_HEADER, str(exc)
+    limit = headers.member_limit(member, max_pixels, head)
+    if data.size > limit:
+        kind = mf.kind_text(head.channels, head.bit_depth)
+        return 0, head, f"{data.size} bytes: larger than a {head.width}x{head.height} {kind} {codec} can be ({limit} bytes)"
+    digest = xxhash.xxh3_64(first)
+    for chunk in data.chunks(_CHUNK):
+        digest.update(chunk)
+    return digest.intdigest(), head, None
+
+
 def _check(s: _Sample, cfg: IndexConfig) -> str | None:
+    why = mf.key_problem(s.key, dots=True)
+    if why is not None:
+        return f"key {why}"
     if cfg.hr not in s.members:
         return f"has no {cfg.hr} member"
     hr = s.members[cfg.hr][3]
@@ -204,8 +246,6 @@ def _check(s: _Sample, cfg: IndexConfig) -> str | None:
             headers.check_pair(hr, s.members[name][3], scale, None, cfg.max_pixels)
         except headers.HeaderError as exc:
             return str(exc)
-    if not mf.INDEX_KEY.fullmatch(s.key) or any(p in (".", "..") for p in s.key.split("/")):
-        return "key has control characters, or an empty, '.' or '..' segment"
     return None
 
 
@@ -220,7 +260,10 @@ def shard_urls(spec: str | Sequence[str], storage_options: dict[str, Any] | None
         if not names:
             raise IndexingError(f"{folder}: no .tar shards in this folder")
     else:
-        urls = [u for item in items for u in braceexpand(item)]
+        try:
+            urls = patterns.expand_braces(items)  # counted first: refused above MAX_NAMES
+        except patterns.PatternError as exc:
+            raise IndexingError(str(exc)) from None
         if not urls:
             raise IndexingError("no shard URLs given")
         pairs = [u.rstrip("/").rpartition("/") for u in urls]
@@ -272,40 +315,61 @@ def index(spec: str | Sequence[str], out: str | None, cfg: IndexConfig) -> Index
 
         with ThreadPoolExecutor(min(cfg.workers, len(names))) as pool:
             shards = list(pool.map(one, names))
-    infos, skipped = _assemble(shards, cfg)
+    infos, skips, kind = _assemble(shards, cfg)
+    skips.summarise()
     if not infos:
-        raise IndexingError(f"{folder}: no usable sample in {len(names)} shard(s)" + _first(skipped))
+        raise IndexingError(f"{folder}: no usable sample in {len(names)} shard(s)" + _first(skips.first))
     members = mf.MemberNames(cfg.hr, dict(cfg.lr))
     build = {
         "tool": "shardmaker index",
         "version": __version__,
-        "skipped": skipped,
+        **skips.to_build(),
         "wds_samples": {s.name: s.wds_samples for s in shards if not s.problem},
     }
-    m = mf.Manifest(mf.codec_of(cfg.hr), sorted(cfg.lr), "provided", infos, build, members=members)
+    m = mf.Manifest(
+        mf.codec_of(cfg.hr), sorted(cfg.lr), "provided", infos, build, members=members, channels=kind[0], bit_depth=kind[1]
+    )
     data = m.dumps()
     m = mf.parse(data, out)  # the file as readers will see it: checked against the schema before it is written
     storage.write_atomic(fs, target, data)
     if cfg.wids:
         write_wids(fs, root, out_name, shards)
-    return IndexResult(m, out, skipped, time.perf_counter() - t0)
+    return IndexResult(m, out, skips.first, time.perf_counter() - t0, skips.count)
 
 
-def _first(skipped: list[dict[str, str]]) -> str:
-    return f" (first: {skipped[0]['shard']} {skipped[0].get('key', '')}: {skipped[0]['reason']})" if skipped else ""
+def _first(skipped: list[dict[str, Any]]) -> str:
+    return f" (first: {skipped[0]['shard']} {brief(skipped[0].get('key', ''))}: {skipped[0]['reason']})" if skipped else ""
 
 
-def _assemble(shards: list[_Shard], cfg: IndexConfig) -> tuple[list[mf.ShardInfo], list[dict[str, str]]]:
-    skipped: list[dict[str, str]] = []
+_LISTED_KEY = 1024  # the most characters of a key build.skipped lists
+
+
+def _assemble(shards: list[_Shard], cfg: IndexConfig) -> tuple[list[mf.ShardInfo], mf.Skips, list[int | None]]:
+    """The manifest's shard entries, what was skipped, and the dataset's kind ``[channels, bit_depth]``."""
+    skips = mf.Skips(log)
     seen: dict[str, str] = {}
     infos = []
+    kind: list[int | None] = [cfg.channels, cfg.bit_depth]
 
     def bad(shard: str, key: str | None, reason: str) -> None:
-        where = f"{shard}: {key!r}: {reason}" if key is not None else f"{shard}: {reason}"
+        where = f"{shard}: {brief(key)}" if key is not None else shard
         if cfg.on_error is OnError.FAIL:
-            raise IndexingError(f"{where} (--on-error skip leaves it out)")
-        log.warning("skipping %s", where)
-        skipped.append({"shard": shard, "key": key, "reason": reason} if key is not None else {"shard": shard, "reason": reason})
+            raise IndexingError(f"{where}: {reason} (--on-error skip leaves it out)")
+        entry: dict[str, Any] = {"shard": shard, "reason": reason}
+        if key is not None:
+            entry = {"shard": shard, "key": key if len(key) <= _LISTED_KEY else key[: _LISTED_KEY - 3] + "...", "reason": reason}
+        skips.add(entry, reason, where)
+
+    def other_kind(s: _Sample) -> str | None:
+        hr = s.members[cfg.hr][3]
+        kind[0], kind[1] = kind[0] or hr.channels, kind[1] or hr.bit_depth
+        if (hr.channels, hr.bit_depth) == tuple(kind):
+            return None
+        origin = "as --channels/--bit-depth say" if cfg.channels or cfg.bit_depth else "its first usable sample's kind"
+        return (
+            f"sample is {mf.kind_text(hr.channels, hr.bit_depth)}, the dataset {mf.kind_text(*kind)} ({origin}; "
+            "one dataset holds one kind: --channels/--bit-depth choose it)"
+        )
 
     for sh in shards:
         if sh.problem:
@@ -315,6 +379,8 @@ def _assemble(shards: list[_Shard], cfg: IndexConfig) -> tuple[list[mf.ShardInfo
         for s in sh.samples:
             if s.problem is None and s.key in seen:
                 s.problem = f"key is also in {seen[s.key]}"
+            if s.problem is None:
+                s.problem = other_kind(s)
             if s.problem is not None:
                 bad(sh.name, s.key, s.problem)
                 continue
@@ -351,7 +417,7 @@ def _assemble(shards: list[_Shard], cfg: IndexConfig) -> tuple[list[mf.ShardInfo
                 cols,
             )
         )
-    return infos, skipped
+    return infos, skips, kind
 
 
 def wids_name(manifest_name: str) -> str:

@@ -13,6 +13,7 @@ import xxhash
 from tqdm import tqdm
 
 from shardmaker import storage
+from shardmaker.errors import InputError
 from shardmaker.format import headers, tario
 from shardmaker.format import manifest as mf
 from shardmaker.format.manifest import Manifest, ShardInfo
@@ -71,6 +72,22 @@ def _check_pair(
     return problems
 
 
+def _kind_problem(m: Manifest, data: bytes, member: str) -> str | None:
+    """The HR member's header against the manifest's recorded ``channels`` and ``bit_depth`` (when recorded)."""
+    if m.channels is None and m.bit_depth is None:
+        return None
+    try:
+        head = headers.image_header(data[: headers.HEAD_BYTES], member)
+    except headers.HeaderError as exc:
+        return f"{member}: {exc}"
+    if (m.channels or head.channels, m.bit_depth or head.bit_depth) != (head.channels, head.bit_depth):
+        return (
+            f"{member} is {mf.kind_text(head.channels, head.bit_depth)}, the manifest says every sample is "
+            f"{mf.kind_text(m.channels or head.channels, m.bit_depth or head.bit_depth)}"
+        )
+    return None
+
+
 def verify_shard(m: Manifest, info: ShardInfo, data: bytes, deep: bool) -> list[str]:
     """Problems found in one shard's bytes, each naming the shard (and key where there is one)."""
     where = info.name
@@ -97,6 +114,9 @@ def verify_shard(m: Manifest, info: ShardInfo, data: bytes, deep: bool) -> list[
             if list(members) != want:
                 problems.append(f"{where} key {key!r}: members {list(members)}, expected {want}")
                 continue
+            kind = _kind_problem(m, members[mf.hr_member(m.codec)], m.codec)
+            if kind is not None:
+                problems.append(f"{where} key {key!r}: {kind}")
             if deep:
                 problems += [f"{where} key {key!r}: {p}" for p in _check_pair(m, key, members, info.hr_sizes[i])]
     except tario.TarFormatError as exc:
@@ -129,6 +149,9 @@ def _verify_indexed(m: Manifest, info: ShardInfo, data: bytes, deep: bool) -> li
                 problems.append(f"{where}: {name} does not match its xxh3_64 in the index")
                 continue
             found[name] = entries[0].data
+        kind = _kind_problem(m, found[m.members.hr], m.members.hr) if m.members.hr in found else None
+        if kind is not None:
+            problems.append(f"{where}: {kind}")
         if deep and len(found) == len(info.members):
             problems += [f"{where}: {p}" for p in _check_indexed_pair(m, found, info.hr_sizes[i])]
     return problems
@@ -160,14 +183,23 @@ def verify(url: str, deep: bool = False, progress: bool = True, storage_options:
     with tqdm(total=m.bytes, unit="B", unit_scale=True, desc="verify", disable=not progress) as bar:
         for info in m.shards:
             try:
-                with fs.open(mf.shard_path(root, info.name), "rb") as f:
+                with storage.open_input(fs, mf.shard_path(root, info.name)) as f:
                     data = f.read(info.bytes + 1)  # never more than the manifest promises (+1 to see a longer file)
             except FileNotFoundError:
                 problems.append(f"{info.name}: missing")
                 continue
+            except InputError as exc:  # a FIFO, device or folder at the shard's name
+                problems.append(f"{info.name}: {exc.reason}")
+                continue
             problems += verify_shard(m, info, data, deep)
             bar.update(info.bytes)
     return problems
+
+
+def _skipped_count(build: dict[str, Any]) -> int:
+    listed = build.get("skipped", [])
+    count = build.get("skipped_count")
+    return count if type(count) is int else len(listed) if type(listed) is list else 0
 
 
 def info_text(url: str, storage_options: dict[str, Any] | None = None) -> str:
@@ -194,7 +226,8 @@ def info_text(url: str, storage_options: dict[str, Any] | None = None) -> str:
         *([("index of", "foreign shards (shardmaker index): read in place, members by offset")] if m.members else []),
         ("lr method", m.lr_method),
         ("HR size", f"{lo[0]}x{lo[1]} .. {hi[0]}x{hi[1]}"),
-        ("skipped", f"{len(m.build.get('skipped', []))} {'samples or shards' if m.members else 'source files'}"),
+        ("kind", mf.kind_text(m.channels, m.bit_depth) if m.channels and m.bit_depth else "not recorded"),
+        ("skipped", f"{_skipped_count(m.build)} {'samples or shards' if m.members else 'source files'}"),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -1,5 +1,6 @@
 """Fixtures and pytest hooks only: real photos (scikit-image's bundled set, tests/data/refdata), tiny
 trees, shards, the S3 server. Plain helpers live in tests/helpers.py (test modules import those)."""
+
 from __future__ import annotations
 
 import os
@@ -119,8 +120,9 @@ def pytest_sessionfinish(session, exitstatus):
         left = leftovers()
     if left:
         lines = "\n".join(f"  pid {pid}: {cmd[:200]}" for pid, cmd in left)
-        print(f"\nERROR: {len(left)} process(es) started by the tests outlived them (a test did not reap "
-              f"what it started):\n{lines}")
+        print(
+            f"\nERROR: {len(left)} process(es) started by the tests outlived them (a test did not reap what it started):\n{lines}"
+        )
         for pid, _ in left:
             try:
                 os.kill(pid, 9)

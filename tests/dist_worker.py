@@ -1,4 +1,5 @@
 """Run under torchrun: stream one epoch with a collective per step, report what this rank saw."""
+
 from __future__ import annotations
 
 import datetime
@@ -18,9 +19,18 @@ def main() -> int:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     assert int(os.environ["RANK"]) == rank
-    ds = wdsr.SRDataset(url, scale=4, patch_size=48, patches_per_image=3, batch_size=2, shuffle_buffer=8,
-                        seed=11, return_keys=True, on_error=os.environ.get("WDSR_ON_ERROR", "fail"),
-                        decoded_cache=os.environ.get("WDSR_DECODED_CACHE"))
+    ds = wdsr.SRDataset(
+        url,
+        scale=4,
+        patch_size=48,
+        patches_per_image=3,
+        batch_size=2,
+        shuffle_buffer=8,
+        seed=11,
+        return_keys=True,
+        on_error=os.environ.get("WDSR_ON_ERROR", "fail"),
+        decoded_cache=os.environ.get("WDSR_DECODED_CACHE"),
+    )
     loader = wdsr.make_loader(ds, num_workers=workers)
     report = {"rank": rank, "world": world, "len": len(loader), "epochs": []}
     for epoch in range(2):

@@ -21,6 +21,7 @@ of assuming a server that never falters:
 - ``exchanges``: every GET in order (range start, fault, status, bytes of head and body forwarded);
   ``gets``, ``paths`` (GET paths, query dropped) and ``ranges`` (Range headers) summarise them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,8 +30,10 @@ import struct
 import threading
 from collections import Counter, deque
 
-_SLOWDOWN = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>"
-             b"<Message>Please reduce your request rate.</Message></Error>")
+_SLOWDOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
 _Rule = tuple[str, int, bytes]  # (kind, n, match)
 
 
@@ -290,8 +293,9 @@ class _Conn:
     def _answer_503(self, ex: Exchange) -> None:
         """Answer without the server and close the way a server does (FIN, not RST), so the client
         reads the 503 whenever it gets to it."""
-        msg = (b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
-               b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(_SLOWDOWN))
+        msg = b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(
+            _SLOWDOWN
+        )
         ex.status, ex.head, ex.body, ex.done = 503, len(msg), len(_SLOWDOWN), True
         try:
             self.client.sendall(msg + _SLOWDOWN)

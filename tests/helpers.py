@@ -1,6 +1,7 @@
 """Everything the test modules share that is not a fixture (fixtures live in conftest.py; test
 modules never import each other, nor conftest). Plain functions and classes only: data makers,
 process tools, and the clock and waiting helpers that keep tests independent of the machine's speed."""
+
 from __future__ import annotations
 
 import contextlib
@@ -85,9 +86,19 @@ def shard_hashes(out: Path) -> dict[str, str]:
 def torchrun(nproc: int, url: str, out: Path, workers: int = 2, env: dict | None = None) -> list[dict]:
     """Run tests/dist_worker.py under torchrun (gloo, 127.0.0.1); each rank's report."""
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
-           "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(HERE / "dist_worker.py"),
-           url, str(out), str(workers)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc-per-node={nproc}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        str(HERE / "dist_worker.py"),
+        url,
+        str(out),
+        str(workers),
+    ]
     full_env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1", **(env or {})}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=full_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -166,7 +177,9 @@ def remove_orphan_semaphores(before: set[Path]) -> list[Path]:
     mapped: set[str] = set()
     for maps in Path("/proc").glob("[0-9]*/maps"):
         try:
-            mapped.update(line.split(maxsplit=5)[-1].strip() for line in maps.read_text().splitlines() if "/dev/shm/sem.mp-" in line)
+            mapped.update(
+                line.split(maxsplit=5)[-1].strip() for line in maps.read_text().splitlines() if "/dev/shm/sem.mp-" in line
+            )
         except OSError:  # the process is gone, or not ours to read
             continue
     orphans = sorted(p for p in new if str(p) not in mapped)

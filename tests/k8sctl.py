@@ -7,6 +7,7 @@ The models read the rendered objects, so a wrong number or rule in a manifest ch
 decide. They follow the upstream controllers' documented behaviour (Kubernetes 1.33 Job
 controller, JobSet v0.12, Trainer v2.3); time (back-off delays) is reported, never waited for.
 """
+
 from __future__ import annotations
 
 import copy
@@ -37,8 +38,11 @@ class PodResult:
 
     @property
     def succeeded(self) -> bool:
-        return bool(self.exit_codes) and all(c == 0 for c in self.exit_codes.values()) and all(
-            c == 0 for c in self.init_exit_codes.values())
+        return (
+            bool(self.exit_codes)
+            and all(c == 0 for c in self.exit_codes.values())
+            and all(c == 0 for c in self.init_exit_codes.values())
+        )
 
 
 def _exit_matches(codes: dict[str, int], req: dict[str, Any]) -> tuple[str, int] | None:
@@ -59,8 +63,10 @@ def match_pod_failure_policy(policy: dict[str, Any] | None, pod: PodResult) -> t
         if "onExitCodes" in rule:
             hit = _exit_matches(pod.exit_codes, rule["onExitCodes"]) or _exit_matches(pod.init_exit_codes, rule["onExitCodes"])
             if hit:
-                msg = (f"Container {hit[0]} for pod {pod.namespace}/{pod.name} failed with exit code {hit[1]} "
-                       f"matching {action} rule at index {i}")
+                msg = (
+                    f"Container {hit[0]} for pod {pod.namespace}/{pod.name} failed with exit code {hit[1]} "
+                    f"matching {action} rule at index {i}"
+                )
                 return action, msg if action == "FailJob" else None
         else:
             for pattern in rule["onPodConditions"]:
@@ -270,11 +276,13 @@ def trainjob_to_jobset(trainjob: dict[str, Any], runtime: dict[str, Any]) -> dic
                 node[field] = copy.deepcopy(tr[field])
         if "resourcesPerNode" in tr:
             node["resources"] = copy.deepcopy(tr["resourcesPerNode"])
-        pet: list[dict[str, Any]] = [{"name": "PET_NNODES", "value": str(nodes)},
-                                     {"name": "PET_NPROC_PER_NODE", "value": nproc_per_node(tr)},
-                                     {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}},
-                                     {"name": "PET_MASTER_ADDR", "value": f"{name}-node-0-0.{name}"},
-                                     {"name": "PET_MASTER_PORT", "value": str(TRAINER_PORT)}]
+        pet: list[dict[str, Any]] = [
+            {"name": "PET_NNODES", "value": str(nodes)},
+            {"name": "PET_NPROC_PER_NODE", "value": nproc_per_node(tr)},
+            {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}},
+            {"name": "PET_MASTER_ADDR", "value": f"{name}-node-0-0.{name}"},
+            {"name": "PET_MASTER_PORT", "value": str(TRAINER_PORT)},
+        ]
         node["env"] = _upsert(_upsert(node.get("env", []), tr.get("env", [])), pet)
         node["ports"] = _upsert(node.get("ports", []), [{"containerPort": TRAINER_PORT}], "containerPort")
     for patch in trainjob["spec"].get("runtimePatches", []):
@@ -316,8 +324,11 @@ def crd_validator(filename: str) -> tuple[str, str, str, Any]:
     return crd["spec"]["group"], version["name"], crd["spec"]["names"]["kind"], jsonschema.Draft7Validator(schema)
 
 
-CRD_FILES = {"JobSet": "jobset.x-k8s.io_jobsets.yaml", "TrainJob": "trainer.kubeflow.org_trainjobs.yaml",
-             "TrainingRuntime": "trainer.kubeflow.org_trainingruntimes.yaml"}
+CRD_FILES = {
+    "JobSet": "jobset.x-k8s.io_jobsets.yaml",
+    "TrainJob": "trainer.kubeflow.org_trainjobs.yaml",
+    "TrainingRuntime": "trainer.kubeflow.org_trainingruntimes.yaml",
+}
 
 
 def validate_custom_resource(obj: dict[str, Any]) -> list[str]:

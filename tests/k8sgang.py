@@ -11,6 +11,7 @@ pod it replaces is gone. Not modelled: the controller's back-off delays (recorde
 waited for); a replacement starts once no pod of the gang is still terminating, which on a cluster
 the back-off of at least 10 s gives.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,8 +49,15 @@ class Gang:
     """``job`` is a Job object (a JobSet's replicated Job as its child Job); ``model`` a JobModel or
     JobSetModel over it. ``run()`` returns once the model says Complete or Failed."""
 
-    def __init__(self, job: dict[str, Any], objects: list[dict[str, Any]], work: Path, model: JobModel | JobSetModel,
-                 overrides: dict[str, str], hosts: dict[str, str]) -> None:
+    def __init__(
+        self,
+        job: dict[str, Any],
+        objects: list[dict[str, Any]],
+        work: Path,
+        model: JobModel | JobSetModel,
+        overrides: dict[str, str],
+        hosts: dict[str, str],
+    ) -> None:
         self.job, self.objects, self.work, self.model = job, objects, work, model
         self.overrides, self.hosts = overrides, hosts
         self.grace = float(job["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30))
@@ -104,8 +112,10 @@ class Gang:
         self.terminate(rp, disruption=True)
 
     def pod_log(self, index: int, container: str, attempt: int = -1) -> str:
-        names = sorted((p for p in self.work.iterdir() if p.name.startswith(f"{self.job['metadata']['name']}-{index}-a")),
-                       key=lambda p: int(p.name.rsplit("-a", 1)[1]))
+        names = sorted(
+            (p for p in self.work.iterdir() if p.name.startswith(f"{self.job['metadata']['name']}-{index}-a")),
+            key=lambda p: int(p.name.rsplit("-a", 1)[1]),
+        )
         return (names[attempt] / f"{container}.log").read_text()
 
     # ---- the loop --------------------------------------------------------------------------------
@@ -152,8 +162,7 @@ class Gang:
         result = PodResult(rp.index, dict(rp.exit_codes), dict(rp.init_exit_codes), frozenset(rp.conditions), rp.name)
         decision = self.model.pod_finished(result)
         self.finished_pods.append((rp.name, result, decision))
-        self._event(f"{rp.name} exited {result.exit_codes or result.init_exit_codes} "
-                           f"{sorted(result.conditions)} -> {decision}")
+        self._event(f"{rp.name} exited {result.exit_codes or result.init_exit_codes} {sorted(result.conditions)} -> {decision}")
         if decision == "replace":
             self.pending.add(rp.index)
         elif decision in ("restart", "failed", "job-failed"):  # the child Job is over: end its other pods

@@ -7,6 +7,7 @@ would see them). What is mapped: mount paths to local folders, the image's progr
 venv's, the S3 endpoint and credentials to the test server, the rendezvous Service's DNS name to
 127.0.0.1. Anything left unresolved fails the test instead of being guessed.
 """
+
 from __future__ import annotations
 
 import base64
@@ -43,6 +44,7 @@ def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 
 def expand(text: str, env: dict[str, str]) -> str:
     """Kubernetes' ``$(VAR)`` expansion (``$$`` escapes); an undefined variable is an error here."""
+
     def sub(m: re.Match) -> str:
         if m.group(0) == "$$":
             return "$"
@@ -65,8 +67,15 @@ class Pod:
 
     marker: str | None = None  # set to tag the pod's processes, so that all of them can be ended
 
-    def __init__(self, job: dict[str, Any], objects: list[dict[str, Any]], index: int, workdir: Path,
-                 overrides: dict[str, str], hosts: dict[str, str]) -> None:
+    def __init__(
+        self,
+        job: dict[str, Any],
+        objects: list[dict[str, Any]],
+        index: int,
+        workdir: Path,
+        overrides: dict[str, str],
+        hosts: dict[str, str],
+    ) -> None:
         self.job, self.objects, self.index = job, objects, index
         self.spec = job["spec"]["template"]["spec"]
         self.workdir = workdir
@@ -143,13 +152,17 @@ class Pod:
     def start(self, c: dict[str, Any]) -> subprocess.Popen:
         env = self.env(c)
         argv = self.argv(c, env)
-        full = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-                "OMP_NUM_THREADS": "1", "AWS_EC2_METADATA_DISABLED": "true", "PYTHONPATH": str(Path(__file__).resolve().parents[1]), **env}
+        full = {
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "OMP_NUM_THREADS": "1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+            **env,
+        }
         if self.marker:  # every process of this container carries it (see kill_marked)
             full[MARKER] = f"{self.marker}/{c['name']}"
         log = open(self.workdir / f"{c['name']}.log", "w")
-        return subprocess.Popen(argv, env=full, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(argv, env=full, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def log(self, container: str) -> str:
         return (self.workdir / f"{container}.log").read_text()[-4000:]

@@ -4,6 +4,7 @@ Every port is picked free and bound to 127.0.0.1 only; telemetry is off; one ide
 known key pair is configured, so requests must be SigV4-signed with it. Where the binary cannot
 run, moto's server mode is the fallback (it does not check signatures); ``kind`` says which ran.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,9 +50,14 @@ class S3Server:
 
     def env(self, endpoint: str | None = None, secret: str = SECRET_KEY) -> dict[str, str]:
         """The standard AWS variables a client needs to reach this server."""
-        return {"AWS_ENDPOINT_URL": endpoint or self.endpoint, "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-                "AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
-                "AWS_EC2_METADATA_DISABLED": "true"}
+        return {
+            "AWS_ENDPOINT_URL": endpoint or self.endpoint,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": secret,
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_REGION": REGION,
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
 
     def start(self) -> "S3Server":
         binary = weed_binary()
@@ -72,16 +78,49 @@ class S3Server:
     def _start_weed(self, binary: str) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         config = self.root / "s3.json"
-        config.write_text(json.dumps({"identities": [{
-            "name": "wdsr-test", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-        ports = {name: free_port() for name in (
-            "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
-            "filer.port.grpc", "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc", "debug.port")}
+        config.write_text(
+            json.dumps(
+                {
+                    "identities": [
+                        {
+                            "name": "wdsr-test",
+                            "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+                            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                        }
+                    ]
+                }
+            )
+        )
+        ports = {
+            name: free_port()
+            for name in (
+                "master.port",
+                "master.port.grpc",
+                "volume.port",
+                "volume.port.grpc",
+                "filer.port",
+                "filer.port.grpc",
+                "s3.port",
+                "s3.port.grpc",
+                "admin.port",
+                "admin.port.grpc",
+                "debug.port",
+            )
+        }
         self.port = ports["s3.port"]
-        args = [binary, "mini", f"-dir={self.root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-                "-master.telemetry=false", f"-s3.config={config}"] + [f"-{k}={v}" for k, v in ports.items()]
+        args = [
+            binary,
+            "mini",
+            f"-dir={self.root / 'data'}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            "-webdav=false",
+            "-admin.ui=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-master.telemetry=false",
+            f"-s3.config={config}",
+        ] + [f"-{k}={v}" for k, v in ports.items()]
         (self.root / "data").mkdir(exist_ok=True)
         self._log = open(self.root / "weed.log", "wb")
         self._proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -117,8 +156,13 @@ class S3Server:
     def make_bucket(self, name: str) -> None:
         import s3fs
 
-        fs = s3fs.S3FileSystem(key=ACCESS_KEY, secret=SECRET_KEY, endpoint_url=self.endpoint,
-                               client_kwargs={"region_name": REGION}, skip_instance_cache=True)
+        fs = s3fs.S3FileSystem(
+            key=ACCESS_KEY,
+            secret=SECRET_KEY,
+            endpoint_url=self.endpoint,
+            client_kwargs={"region_name": REGION},
+            skip_instance_cache=True,
+        )
         if not fs.exists(name):
             fs.mkdir(name)
 

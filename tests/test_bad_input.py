@@ -1,4 +1,5 @@
 """Each bad input: exit status 2, a message naming the file and the reason, nothing half-written."""
+
 from __future__ import annotations
 
 import errno

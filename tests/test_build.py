@@ -1,4 +1,5 @@
 """shardmaker build/merge/verify/info on real photos and real tar shards."""
+
 from __future__ import annotations
 
 import hashlib
@@ -240,17 +241,34 @@ def test_several_hr_sources_and_brace_patterns_of_files(capsys, tmp_path, photo_
     assert rc == 0, se
     m = load_manifest(str(out))
     keys = sorted(k for s in m.shards for k in s.keys)
-    assert keys == ["DIV2K/0000", "DIV2K/0001", "DIV2K/0002", "extra/Flickr2K/0000", "extra/Flickr2K/0003",
-                    "extra/Flickr2K/0004", "extra/Flickr2K/0005"]  # prefixed below the common folder: no collision
+    assert keys == [
+        "DIV2K/0000",
+        "DIV2K/0001",
+        "DIV2K/0002",
+        "extra/Flickr2K/0000",
+        "extra/Flickr2K/0003",
+        "extra/Flickr2K/0004",
+        "extra/Flickr2K/0005",
+    ]  # prefixed below the common folder: no collision
     rc, so, se = sm(capsys, "build", tmp_path / "DIV2K", tmp_path / "extra/Flickr2K", out, "--scale", "4")
     assert rc == 0 and len(load_manifest(str(out)).shards) == len(m.shards)  # a rerun finds it built
     ds = wdsr.SRDataset(str(out), scale=4, patch_size=48, patches_per_image=2, batch_size=2, return_keys=True)
     assert {k for _, _, ks in wdsr.make_loader(ds, num_workers=0) for k in ks} == set(keys)
     # a brace pattern of files: just those, keys as in a folder of them
-    rc, so, se = sm(capsys, "build", f"{photo_src}/p0{{0..2}}.png", f"{photo_src}/p0{{7,9}}.png", tmp_path / "picked", "--scale", "4")
+    rc, so, se = sm(
+        capsys, "build", f"{photo_src}/p0{{0..2}}.png", f"{photo_src}/p0{{7,9}}.png", tmp_path / "picked", "--scale", "4"
+    )
     assert rc == 0, se
-    assert sorted(k for s in load_manifest(str(tmp_path / "picked")).shards for k in s.keys) == ["p00", "p01", "p02", "p07", "p09"]
-    rc, so, se = sm(capsys, "build", f"{photo_src}/p0{{8..9}}.png", f"{photo_src}/p1{{0..1}}.png", tmp_path / "bad", "--scale", "4")
+    assert sorted(k for s in load_manifest(str(tmp_path / "picked")).shards for k in s.keys) == [
+        "p00",
+        "p01",
+        "p02",
+        "p07",
+        "p09",
+    ]
+    rc, so, se = sm(
+        capsys, "build", f"{photo_src}/p0{{8..9}}.png", f"{photo_src}/p1{{0..1}}.png", tmp_path / "bad", "--scale", "4"
+    )
     assert rc == 2 and "p10.png: no such image (named by the HR_SRC pattern)" in se
     rc, so, se = sm(capsys, "build", tmp_path / "DIV2K", tmp_path / "extra/Flickr2K", tmp_path / "x", "--lr", tmp_path / "DIV2K")
     assert rc == 2 and "--lr pairs with one HR folder" in se

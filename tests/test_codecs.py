@@ -1,4 +1,5 @@
 """Source loading and member codecs on real photos: lossless round trips, clear refusals."""
+
 from __future__ import annotations
 
 import functools
@@ -77,7 +78,9 @@ def test_alpha_refused_unless_dropped():
         data = _bytes(img, "PNG")
         with pytest.raises(ImageDataError, match="alpha"):
             codecs.load_source(data)
-        assert np.array_equal(codecs.load_source(data, drop_alpha=True), img[:, :, :-1].squeeze(2) if img.shape[2] == 2 else img[:, :, :3])
+        assert np.array_equal(
+            codecs.load_source(data, drop_alpha=True), img[:, :, :-1].squeeze(2) if img.shape[2] == 2 else img[:, :, :3]
+        )
 
 
 def test_pixel_limit_checked_before_decoding():
@@ -215,4 +218,6 @@ def test_fuzzed_png_bytes_decode_as_libspng_does_or_fail_clearly(data):
         assert reference is None or png.inflated(blob) is None
         return
     if reference is not None:
-        assert np.array_equal(ours, reference[..., : ours.shape[2]] if ours.ndim == 3 else reference[..., 0] if reference.ndim == 3 else reference)
+        assert np.array_equal(
+            ours, reference[..., : ours.shape[2]] if ours.ndim == 3 else reference[..., 0] if reference.ndim == 3 else reference
+        )

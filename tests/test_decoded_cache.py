@@ -27,8 +27,9 @@ from wdsr.tools.cli import main as wdsr_main
 
 
 def _run(url: str, epochs: int = 2, workers: int = 2, **kw) -> tuple[list[tuple[torch.Tensor, torch.Tensor, list]], dict]:
-    ds = wdsr.SRDataset(url, scale=4, patch_size=48, patches_per_image=3, batch_size=4, shuffle_buffer=8, seed=2,
-                        return_keys=True, **kw)
+    ds = wdsr.SRDataset(
+        url, scale=4, patch_size=48, patches_per_image=3, batch_size=4, shuffle_buffer=8, seed=2, return_keys=True, **kw
+    )
     loader = wdsr.make_loader(ds, num_workers=workers)
     out = []
     for e in range(epochs):
@@ -120,8 +121,11 @@ _SLOW_WRITER = textwrap.dedent("""
 def test_a_writer_killed_mid_write_leaves_nothing_readable(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", _SLOW_WRITER, str(tmp_path)], env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
-        wait_until(lambda: _files(tmp_path, "*.tmp.*") and _files(tmp_path, "*.tmp.*")[0].stat().st_size >= 4096 + 480000,
-                   "second write of the writer", alive=proc)
+        wait_until(
+            lambda: _files(tmp_path, "*.tmp.*") and _files(tmp_path, "*.tmp.*")[0].stat().st_size >= 4096 + 480000,
+            "second write of the writer",
+            alive=proc,
+        )
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -159,8 +163,9 @@ def _in_tiny_tmpfs(script: str, *args: str) -> subprocess.CompletedProcess:
         for prefix in (["unshare", "-rm"], ["unshare", "-m"]):
             if shutil.which("unshare") is None:
                 break
-            proc = subprocess.run([*prefix, "sh", "-c", inner, sys.executable, script, *args],
-                                  capture_output=True, text=True, timeout=300, env=env)
+            proc = subprocess.run(
+                [*prefix, "sh", "-c", inner, sys.executable, script, *args], capture_output=True, text=True, timeout=300, env=env
+            )
             if "mount" not in proc.stderr and "unshare" not in proc.stderr:
                 return proc
         pytest.skip("no way to mount a tiny tmpfs here (unshare -rm and -m both refused)")
@@ -242,13 +247,22 @@ def test_a_process_keeps_a_bounded_number_of_pairs_mapped(photo_shards, tmp_path
     got, st = _run(str(photo_shards), epochs=1, workers=0, decoded_cache=str(root))
     assert st["decoded_stores"] == 1 and st["decoded_hits"] == st["samples"] - 1
     import pickle
+
     assert not pickle.loads(pickle.dumps(c))._mapped  # mappings never travel to another process
 
 
 def test_a_pair_removed_while_kept_mapped_is_decoded_and_written_again(photo_shards, tmp_path):
     root = tmp_path / "dc"
-    ds = wdsr.SRDataset(str(photo_shards), scale=4, patch_size=48, patches_per_image=3, batch_size=4, shuffle_buffer=8,
-                        seed=2, decoded_cache=str(root))
+    ds = wdsr.SRDataset(
+        str(photo_shards),
+        scale=4,
+        patch_size=48,
+        patches_per_image=3,
+        batch_size=4,
+        shuffle_buffer=8,
+        seed=2,
+        decoded_cache=str(root),
+    )
     loader = wdsr.make_loader(ds, num_workers=0)  # one process: its kept mappings live across epochs
     for e in range(2):
         loader.set_epoch(e)

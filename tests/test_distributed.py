@@ -1,4 +1,5 @@
 """Real multi-process runs: torchrun on 127.0.0.1 with gloo, DataLoader workers in every rank."""
+
 from __future__ import annotations
 
 from pathlib import Path

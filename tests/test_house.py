@@ -11,8 +11,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOORS = ("shardmaker", "shardmaker.format", "shardmaker.imaging", "shardmaker.storage", "shardmaker.errors",
-         "shardmaker.compat", "shardmaker.clikit")
+DOORS = (
+    "shardmaker",
+    "shardmaker.format",
+    "shardmaker.imaging",
+    "shardmaker.storage",
+    "shardmaker.errors",
+    "shardmaker.compat",
+    "shardmaker.clikit",
+)
 # wdsr's floors, bottom up: a module imports from its own floor or those below it
 FLOORS = (
     ("base", ("wdsr.errors", "wdsr.env", "wdsr.seeds", "wdsr.metrics")),
@@ -62,8 +69,12 @@ def _target(module: str, name: str | None) -> str:
 
 
 def test_shardmaker_never_imports_wdsr():
-    bad = [f"{mod}:{line} imports {target}" for mod, tree in _modules("shardmaker").items()
-           for target, _, line in _imports(mod, tree) if target == "wdsr" or target.startswith("wdsr.")]
+    bad = [
+        f"{mod}:{line} imports {target}"
+        for mod, tree in _modules("shardmaker").items()
+        for target, _, line in _imports(mod, tree)
+        if target == "wdsr" or target.startswith("wdsr.")
+    ]
     assert not bad, bad
 
 
@@ -80,8 +91,13 @@ def test_wdsr_uses_shardmaker_only_through_its_doors_and_their_public_names():
                 bad.append(f"{mod}:{line}: {module} is not a public module of shardmaker")
             elif name is not None and name not in importlib.import_module(module).__all__:
                 bad.append(f"{mod}:{line}: {module}.{name} is not in its __all__")
-        aliases = {a.asname or a.name: f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-                   and n.module and n.module.startswith("shardmaker") for a in n.names if f"{n.module}.{a.name}" in DOORS}
+        aliases = {
+            a.asname or a.name: f"{n.module}.{a.name}"
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("shardmaker")
+            for a in n.names
+            if f"{n.module}.{a.name}" in DOORS
+        }
         for node in ast.walk(tree):  # fmt.load, imaging.decode, storage.join: names of the door's __all__
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
                 door = aliases[node.value.id]
@@ -112,17 +128,23 @@ def test_wdsr_imports_run_downwards():
 
 @pytest.mark.parametrize("package", ["wdsr", "shardmaker"])
 def test_no_private_name_crosses_a_module(package):
-    bad = [f"{mod}:{line}: {module}.{name}" for mod, tree in _modules(package).items()
-           for module, name, line in _imports(mod, tree)
-           if name and name.startswith("_") and not name.startswith("__") and module.split(".")[0] in ("wdsr", "shardmaker")]
+    bad = [
+        f"{mod}:{line}: {module}.{name}"
+        for mod, tree in _modules(package).items()
+        for module, name, line in _imports(mod, tree)
+        if name and name.startswith("_") and not name.startswith("__") and module.split(".")[0] in ("wdsr", "shardmaker")
+    ]
     assert not bad, bad
 
 
 @pytest.mark.parametrize("package", ["wdsr", "shardmaker"])
 def test_no_function_over_100_lines(package):
-    long = [f"{mod}.{node.name}: {node.end_lineno - node.lineno + 1} lines" for mod, tree in _modules(package).items()
-            for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.end_lineno - node.lineno + 1 > 100]
+    long = [
+        f"{mod}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for mod, tree in _modules(package).items()
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 100
+    ]
     assert not long, long
 
 

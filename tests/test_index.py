@@ -123,8 +123,18 @@ def test_indexed_train_stream_is_aligned_deterministic_and_equal_across_ranks(tm
     assert _index(str(folder), "--hr", "png", "--lr", "4:x4.png", "--on-error", "skip") == 0
 
     def run(rank: int, world: int) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
-        ds = wdsr.SRDataset(str(folder), scale=4, patch_size=64, patches_per_image=4, batch_size=4, shuffle_buffer=8,
-                            seed=3, return_keys=True, augment=False, world=wdsr.env.World(rank, world))
+        ds = wdsr.SRDataset(
+            str(folder),
+            scale=4,
+            patch_size=64,
+            patches_per_image=4,
+            batch_size=4,
+            shuffle_buffer=8,
+            seed=3,
+            return_keys=True,
+            augment=False,
+            world=wdsr.env.World(rank, world),
+        )
         return list(wdsr.make_loader(ds, num_workers=2))
 
     one = run(0, 1)
@@ -199,8 +209,17 @@ def test_foreign_jpeg_index_streams_aligned_patches(tmp_path):
     m = mf.load(str(folder))
     sizes = [[p.shape[1] // 4 * 4, p.shape[0] // 4 * 4] for p in photos()]
     assert m.codec == "jpg" and [list(wh) for s in m.shards for wh in s.hr_sizes] == sizes  # from the JPEG headers
-    ds = wdsr.SRDataset(str(folder), scale=4, patch_size=64, patches_per_image=4, batch_size=4, shuffle_buffer=0,
-                        seed=1, return_keys=True, augment=False)
+    ds = wdsr.SRDataset(
+        str(folder),
+        scale=4,
+        patch_size=64,
+        patches_per_image=4,
+        batch_size=4,
+        shuffle_buffer=0,
+        seed=1,
+        return_keys=True,
+        augment=False,
+    )
     aligned, shifted, seen = [], [], set()
     for lr, hr, batch_keys in wdsr.make_loader(ds, num_workers=2):
         seen.update(batch_keys)

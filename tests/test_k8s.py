@@ -1,5 +1,6 @@
 """k8s/: every overlay renders with real `kubectl kustomize`, passes `kubernetes-validate --strict`,
 and local-dev's Jobs run, as local processes, against a real S3 server: build, merge, train."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,9 @@ OVERLAYS = ["local-dev/s3", "local-dev/build", "local-dev/train", "multi-node-gp
 def validate(objects: list[dict], tmp_path: Path) -> subprocess.CompletedProcess:
     f = tmp_path / "rendered.yaml"
     f.write_text(yaml.safe_dump_all(objects))
-    return subprocess.run([str(VALIDATE), "--strict", "--quiet", "-k", K8S_VERSION, str(f)],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(VALIDATE), "--strict", "--quiet", "-k", K8S_VERSION, str(f)], capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -71,7 +73,11 @@ def test_job_sizes_agree_with_the_settings(overlay):
         assert "--data=$(DATA_URL)" in c["args"], c["name"]
     build = render(K8S / "overlays" / overlay / "build")
     bjob = find(build, "Job", "wdsr-build")
-    assert bjob["spec"]["completions"] == bjob["spec"]["parallelism"] == int(find(build, "ConfigMap", "wdsr-env")["data"]["BUILD_PARTS"])
+    assert (
+        bjob["spec"]["completions"]
+        == bjob["spec"]["parallelism"]
+        == int(find(build, "ConfigMap", "wdsr-env")["data"]["BUILD_PARTS"])
+    )
 
 
 def test_example_secret_holds_placeholders_only():
@@ -86,13 +92,18 @@ def test_dockerfile_installs_the_pinned_torch_of_the_makefile():
     pin = re.search(r"^TORCH\s*:=\s*(\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
     docker = (ROOT / "Dockerfile").read_text()
     assert f"ARG TORCH={pin}" in docker
-    images = {c["image"].split(":")[0] for o in render(K8S / "base" / "train") + render(K8S / "base" / "build")
-              if o["kind"] == "Job" for c in o["spec"]["template"]["spec"]["containers"]}
+    images = {
+        c["image"].split(":")[0]
+        for o in render(K8S / "base" / "train") + render(K8S / "base" / "build")
+        if o["kind"] == "Job"
+        for c in o["spec"]["template"]["spec"]["containers"]
+    }
     assert images == {"wdsr"}
 
 
-def _pods(objects: list[dict], job_name: str, work: Path, overrides: dict[str, str],
-          hosts: dict[str, str] | None = None) -> list[Pod]:
+def _pods(
+    objects: list[dict], job_name: str, work: Path, overrides: dict[str, str], hosts: dict[str, str] | None = None
+) -> list[Pod]:
     job = find(objects, "Job", job_name)
     n = job["spec"].get("completions", 1)
     return [Pod(job, objects, i, work / f"{job_name}-{i}", overrides, hosts or {}) for i in range(n)]
@@ -140,8 +151,9 @@ def test_local_dev_jobs_build_merge_and_train_from_s3(s3, tmp_path):
     run_all(pods, "initContainers", timeout=120)  # the pre-flight --check
     run_all(pods, "containers", timeout=400)
 
-    fs = s3fs.S3FileSystem(endpoint_url=s3.endpoint, key=overrides["AWS_ACCESS_KEY_ID"],
-                           secret=overrides["AWS_SECRET_ACCESS_KEY"])
+    fs = s3fs.S3FileSystem(
+        endpoint_url=s3.endpoint, key=overrides["AWS_ACCESS_KEY_ID"], secret=overrides["AWS_SECRET_ACCESS_KEY"]
+    )
     out = settings["out"].removeprefix("s3://")
     latest = json.loads(fs.cat(f"{out}/latest.json"))
     assert latest["step"] == 4

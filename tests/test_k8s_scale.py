@@ -6,6 +6,7 @@ budget each spends per preemption / crash / bad input at NNODES in {2, 16, 64}, 
 would count it (tests/k8sctl.py). Executed locally: 3 "nodes" of each variant on 127.0.0.1 against
 the test S3 server, pods preempted mid-run, the controllers modelled (tests/k8sgang.py).
 """
+
 from __future__ import annotations
 
 import copy
@@ -49,18 +50,33 @@ def render_at(overlay: str, tmp_path: Path, nnodes: int | None = None) -> list[d
     top = tmp_path / f"at-{overlay.replace('/', '-')}-{nnodes}"
     (top / "nodes").mkdir(parents=True, exist_ok=True)
     rel = os.path.relpath(K8S, top)
-    (top / "nodes" / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1alpha1", "kind": "Component",
-        "patches": [{"target": {"kind": "ConfigMap", "name": "wdsr-env"},
-                     "patch": f'- {{op: replace, path: /data/NNODES, value: "{nnodes}"}}'}]}))
-    (top / "kustomization.yaml").write_text(yaml.safe_dump({
-        "resources": [f"{rel}/overlays/{overlay}"], "components": ["nodes", f"{rel}/components/scale"]}))
+    (top / "nodes" / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1alpha1",
+                "kind": "Component",
+                "patches": [
+                    {
+                        "target": {"kind": "ConfigMap", "name": "wdsr-env"},
+                        "patch": f'- {{op: replace, path: /data/NNODES, value: "{nnodes}"}}',
+                    }
+                ],
+            }
+        )
+    )
+    (top / "kustomization.yaml").write_text(
+        yaml.safe_dump({"resources": [f"{rel}/overlays/{overlay}"], "components": ["nodes", f"{rel}/components/scale"]})
+    )
     return render(top)
 
 
 def train_objects(objects: list[dict]) -> dict[str, dict]:
-    return {o["kind"]: o for o in objects if o["metadata"]["name"] in ("wdsr-train", "wdsr-torch-distributed")
-            and o["kind"] in ("Job", "JobSet", "TrainJob", "TrainingRuntime")}
+    return {
+        o["kind"]: o
+        for o in objects
+        if o["metadata"]["name"] in ("wdsr-train", "wdsr-torch-distributed")
+        and o["kind"] in ("Job", "JobSet", "TrainJob", "TrainingRuntime")
+    }
 
 
 def gang_job(objects: list[dict]) -> tuple[dict, dict | None]:
@@ -71,8 +87,12 @@ def gang_job(objects: list[dict]) -> tuple[dict, dict | None]:
         return objs["Job"], None
     jobset = objs.get("JobSet") or trainjob_to_jobset(objs["TrainJob"], objs["TrainingRuntime"])
     rj = jobset["spec"]["replicatedJobs"][0]
-    child = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"{jobset['metadata']['name']}-{rj['name']}-0"},
-             "spec": copy.deepcopy(rj["template"]["spec"])}
+    child = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": f"{jobset['metadata']['name']}-{rj['name']}-0"},
+        "spec": copy.deepcopy(rj["template"]["spec"]),
+    }
     return child, jobset
 
 
@@ -92,8 +112,9 @@ def main_container(spec: dict) -> dict:
 def kubernetes_validate(objects: list[dict], tmp_path: Path) -> subprocess.CompletedProcess:
     f = tmp_path / "core.yaml"
     f.write_text(yaml.safe_dump_all(objects))
-    return subprocess.run([str(VALIDATE), "--strict", "--quiet", "-k", K8S_VERSION, str(f)],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(VALIDATE), "--strict", "--quiet", "-k", K8S_VERSION, str(f)], capture_output=True, text=True, timeout=120
+    )
 
 
 # ---- schemas ------------------------------------------------------------------------------------------
@@ -125,13 +146,41 @@ def test_overlays_render_and_pass_strict_validation(overlay, tmp_path):
 
 MISSPELT = [  # (overlay, kind, path to a mapping, the misspelt key, a value)
     ("local-dev/train-jobset", "JobSet", ["spec", "failurePolicy", "rules", 1], "onJobFailureReason", ["PodFailurePolicy"]),
-    ("local-dev/train-jobset", "JobSet", ["spec", "replicatedJobs", 0, "template", "spec", "template", "spec", "containers", 0],
-     "volumeMount", []),
+    (
+        "local-dev/train-jobset",
+        "JobSet",
+        ["spec", "replicatedJobs", 0, "template", "spec", "template", "spec", "containers", 0],
+        "volumeMount",
+        [],
+    ),
     ("local-dev/train-trainer", "TrainJob", ["spec", "trainer"], "numProcsPerNode", 1),
-    ("local-dev/train-trainer", "TrainJob", ["spec", "runtimePatches", 0, "trainingRuntimeSpec", "template", "spec",
-                                             "replicatedJobs", 0, "template", "spec", "template", "spec"], "volume", []),
-    ("local-dev/train-trainer", "TrainingRuntime", ["spec", "template", "spec", "replicatedJobs", 0, "template", "spec"],
-     "backofLimitPerIndex", 1),
+    (
+        "local-dev/train-trainer",
+        "TrainJob",
+        [
+            "spec",
+            "runtimePatches",
+            0,
+            "trainingRuntimeSpec",
+            "template",
+            "spec",
+            "replicatedJobs",
+            0,
+            "template",
+            "spec",
+            "template",
+            "spec",
+        ],
+        "volume",
+        [],
+    ),
+    (
+        "local-dev/train-trainer",
+        "TrainingRuntime",
+        ["spec", "template", "spec", "replicatedJobs", 0, "template", "spec"],
+        "backofLimitPerIndex",
+        1,
+    ),
 ]
 
 
@@ -222,10 +271,15 @@ def test_trainjob_streams_from_s3_and_leaves_rendezvous_to_the_trainer(tmp_path)
     assert trainjob["spec"]["trainer"]["args"][0].count("--data=$(DATA_URL)") == 2  # the check and the run
     script = " ".join(trainjob["spec"]["trainer"]["command"] + trainjob["spec"]["trainer"]["args"])
     check, run = script.split(" && ")
-    assert check.endswith("wdsr train --config=/etc/wdsr/train.yaml --data=$(DATA_URL) --resume --check") and run.startswith("exec torchrun ")
+    assert check.endswith("wdsr train --config=/etc/wdsr/train.yaml --data=$(DATA_URL) --resume --check") and run.startswith(
+        "exec torchrun "
+    )
     assert not re.search(r"--(nnodes|nproc|node-rank|master|rdzv)", run)  # torchrun reads PET_* instead
-    node = main_container(trainjob_to_jobset(trainjob, find(objects, "TrainingRuntime", "wdsr-torch-distributed"))
-                          ["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"])
+    node = main_container(
+        trainjob_to_jobset(trainjob, find(objects, "TrainingRuntime", "wdsr-torch-distributed"))["spec"]["replicatedJobs"][0][
+            "template"
+        ]["spec"]["template"]["spec"]
+    )
     pet = {e["name"]: e.get("value") for e in node["env"] if e["name"].startswith("PET_")}
     assert pet["PET_NNODES"] == "2" and pet["PET_NPROC_PER_NODE"] == "8"
     assert pet["PET_MASTER_ADDR"] == "wdsr-train-node-0-0.wdsr-train" and pet["PET_RDZV_CONF"] == "timeout=$(RDZV_TIMEOUT)"
@@ -244,6 +298,7 @@ def test_our_runtime_keeps_the_stock_torch_distributed_shape(tmp_path):
     def shape(rt: dict) -> list:
         jobs = rt["spec"]["template"]["spec"]["replicatedJobs"]
         return [(rj["name"], rj["template"]["metadata"]["labels"], [c["name"] for c in pod_of(rj)["containers"]]) for rj in jobs]
+
     assert shape(ours) == shape(stock)
     assert "failurePolicy" not in stock["spec"]["template"]["spec"]  # why we ship our own
 
@@ -312,8 +367,11 @@ def test_a_repeating_crash_fails_the_run_in_bounded_rounds(variant, nnodes, tmp_
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_bad_input_fails_the_run_at_once(variant, tmp_path):
     model = models(variant, 16, tmp_path)
-    bad = (PodResult(3, {"node": 2}, name="wdsr-train-node-0-3") if variant == "train-trainer"
-           else PodResult(3, {}, {"preflight": 2}, name="wdsr-train-3"))
+    bad = (
+        PodResult(3, {"node": 2}, name="wdsr-train-node-0-3")
+        if variant == "train-trainer"
+        else PodResult(3, {}, {"preflight": 2}, name="wdsr-train-3")
+    )
     model.pod_finished(bad)
     assert model.state == "Failed"
     if isinstance(model, JobSetModel):
@@ -408,6 +466,7 @@ def preempt_after_a_checkpoint(victims: list[int], graceful_stop_is_fatal: bool 
         if victims and gang.attempts.get(0, -1) > fired_at[0] and "wdsr: checkpoint: " in log:
             fired_at[0] = gang.attempts[0]
             gang.preempt(victims.pop(0))
+
     return chaos
 
 
@@ -422,8 +481,12 @@ def finished(out: Path) -> dict:
     latest = json.loads((out / "latest.json").read_text())
     state = torch.load(out / latest["path"], weights_only=True)
     assert state["step"] == STEPS and state["world_size"] == 3
-    return {"record": records[-1], "loss": {r["step"]: r["loss"] for r in records if "loss" in r},
-            "weights": state["model"], "loader": state["loader"]}
+    return {
+        "record": records[-1],
+        "loss": {r["step"]: r["loss"] for r in records if "loss" in r},
+        "weights": state["model"],
+        "loader": state["loader"],
+    }
 
 
 def assert_same_training(got: dict, want: dict) -> None:
@@ -460,9 +523,12 @@ def test_trainjob_trains_on_3_nodes_with_the_trainers_variables(reference):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(not _peer_stop_exits_nonzero(), strict=False,
-                   reason="wdsr train exits 0 on ranks stopped for a peer's SIGTERM: when the preempted ranks stop "
-                          "gracefully (a race today), the Job takes the other pods for completed")
+@pytest.mark.xfail(
+    not _peer_stop_exits_nonzero(),
+    strict=False,
+    reason="wdsr train exits 0 on ranks stopped for a peer's SIGTERM: when the preempted ranks stop "
+    "gracefully (a race today), the Job takes the other pods for completed",
+)
 def test_plain_job_survives_preempting_pod_1_then_pod_0_and_resumes_exactly(reference, s3, s3_photo_shards, tmp_path):
     gang, out = local_run("train", tmp_path, s3, s3_photo_shards)
     victims = [1, 0]  # a non-zero pod, then pod 0 (the rendezvous host)

@@ -1,4 +1,5 @@
 """PSNR/SSIM on Y reproduce the published Set5 bicubic baselines from the MATLAB LR files."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,8 +17,9 @@ PUBLISHED = {2: (33.66, 0.9299), 3: (30.39, 0.8682), 4: (28.42, 0.8104)}
 @needs_refdata
 def test_set5_bicubic_baselines_through_the_val_split(tmp_path, refdata):
     lr = refdata / "set5/LR_bicubic"
-    ds_path = build_shards(refdata / "set5/HR", tmp_path / "set5", "--lr", str(lr / "X2"), "--lr", str(lr / "X3"),
-                           "--lr", str(lr / "X4"))
+    ds_path = build_shards(
+        refdata / "set5/HR", tmp_path / "set5", "--lr", str(lr / "X2"), "--lr", str(lr / "X3"), "--lr", str(lr / "X4")
+    )
     for s, (psnr_ref, ssim_ref) in PUBLISHED.items():
         val = wdsr.make_loader(wdsr.SRDataset(str(ds_path), scale=s, split="val"), num_workers=0)
         psnrs, ssims = [], []

@@ -92,7 +92,7 @@ def test_mix_errors_name_what_is_wrong(two_sets, photo_shards):
     a, b = two_sets
     with pytest.raises(ValueError, match=r"/b: no x2 LR"):
         wdsr.SRDataset([a, b], **{**KW, "scale": 2, "patch_size": 32})
-    with pytest.raises(ValueError, match="one non-negative number per source"):
+    with pytest.raises(ValueError, match=r"weights must be one number per dataset \(2\)"):
         wdsr.SRDataset([a, b], weights=[1], **KW)
     with pytest.raises(ValueError, match="not both"):
         wdsr.SRDataset([a, f"{photo_shards}/shard-000000.tar"], **KW)

@@ -71,9 +71,14 @@ def test_bench_stream_k_keyword_is_deprecated():
 
 @pytest.mark.parametrize(
     "old, new, name",
-    [("wdsr.stream", "wdsr.pipeline.stream", "TrainStream"), ("wdsr.remote", "wdsr.store.remote", "RemoteFile"),
-     ("wdsr.trainconfig", "wdsr.train.config", "TrainConfig"), ("shardmaker.codecs", "shardmaker.imaging.codecs", "decode"),
-     ("shardmaker._compat", "shardmaker.compat", "WdsrDeprecationWarning"), ("shardmaker.build", "shardmaker.builder", "BuildConfig")],
+    [
+        ("wdsr.stream", "wdsr.pipeline.stream", "TrainStream"),
+        ("wdsr.remote", "wdsr.store.remote", "RemoteFile"),
+        ("wdsr.trainconfig", "wdsr.train.config", "TrainConfig"),
+        ("shardmaker.codecs", "shardmaker.imaging.codecs", "decode"),
+        ("shardmaker._compat", "shardmaker.compat", "WdsrDeprecationWarning"),
+        ("shardmaker.build", "shardmaker.builder", "BuildConfig"),
+    ],
 )
 def test_module_paths_of_the_flat_layout_still_import_with_a_warning(old, new, name):
     import importlib

@@ -1,4 +1,5 @@
 """The streaming pipeline on real shards with real DataLoader worker processes."""
+
 from __future__ import annotations
 
 import hashlib
@@ -28,8 +29,16 @@ def digest(t: torch.Tensor) -> str:
 def test_alignment_lr_patch_is_bicubic_of_hr_patch(photo_shards):
     """Every LR patch equals the MATLAB bicubic of its HR patch away from the patch border."""
     for scale, augment in ((4, False), (4, True), (2, True)):
-        ds = wdsr.SRDataset(str(photo_shards), scale=scale, patch_size=64, patches_per_image=6, batch_size=6,
-                            shuffle_buffer=16, augment=augment, seed=1)
+        ds = wdsr.SRDataset(
+            str(photo_shards),
+            scale=scale,
+            patch_size=64,
+            patches_per_image=6,
+            batch_size=6,
+            shuffle_buffer=16,
+            augment=augment,
+            seed=1,
+        )
         m = 3  # LR pixels near the patch border also depend on HR pixels outside the patch
         exact = total = 0
         for lr, hr in run(ds):
@@ -66,8 +75,9 @@ def test_patch_size_must_be_multiple_of_scale(photo_shards):
 
 def test_determinism_epochs_and_persistent_workers(photo_shards):
     def make():
-        return wdsr.SRDataset(str(photo_shards), scale=2, patch_size=32, patches_per_image=4, batch_size=4,
-                              shuffle_buffer=32, seed=5)
+        return wdsr.SRDataset(
+            str(photo_shards), scale=2, patch_size=32, patches_per_image=4, batch_size=4, shuffle_buffer=32, seed=5
+        )
 
     a = [digest(lr) + digest(hr) for lr, hr in run(make())]
     b = [digest(lr) + digest(hr) for lr, hr in run(make())]
@@ -91,8 +101,17 @@ def test_determinism_epochs_and_persistent_workers(photo_shards):
 
 def test_patches_do_not_depend_on_world_size_or_workers(photo_shards):
     def patches(world: World, workers: int) -> Counter:
-        ds = wdsr.SRDataset(str(photo_shards), scale=4, patch_size=48, patches_per_image=3, batch_size=1,
-                            shuffle_buffer=0, seed=2, world=world, return_keys=True)
+        ds = wdsr.SRDataset(
+            str(photo_shards),
+            scale=4,
+            patch_size=48,
+            patches_per_image=3,
+            batch_size=1,
+            shuffle_buffer=0,
+            seed=2,
+            world=world,
+            return_keys=True,
+        )
         return Counter((keys[0], digest(lr), digest(hr)) for lr, hr, keys in run(ds, workers))
 
     one = patches(World(0, 1), 1)
@@ -105,8 +124,16 @@ def test_patches_do_not_depend_on_world_size_or_workers(photo_shards):
 
 def test_shuffle_buffer_mixes_images_in_a_batch(photo_shards):
     def distinct_per_batch(buffer: int) -> float:
-        ds = wdsr.SRDataset(str(photo_shards), scale=2, patch_size=32, patches_per_image=8, batch_size=8,
-                            shuffle_buffer=buffer, seed=0, return_keys=True)
+        ds = wdsr.SRDataset(
+            str(photo_shards),
+            scale=2,
+            patch_size=32,
+            patches_per_image=8,
+            batch_size=8,
+            shuffle_buffer=buffer,
+            seed=0,
+            return_keys=True,
+        )
         counts = [len(set(keys)) for _, _, keys in run(ds, 1)]
         return float(np.mean(counts))
 
@@ -156,6 +183,7 @@ def test_val_every_image_once_in_order_whole_and_tiled(photo_shards):
 
 
 # ---- bad input ---------------------------------------------------------------------------------
+
 
 @pytest.fixture()
 def shards_copy(photo_shards, tmp_path) -> Path:
@@ -239,9 +267,8 @@ def test_16bit_grey_streams_as_uint16(tmp_path):
     grey = photos()[1][:120, :160, 1].astype(np.uint16) * 257 + 7
     save(tmp_path / "src/g16.png", grey)
     shards = build_shards(tmp_path / "src", tmp_path / "ds", "--scale", "2")
-    ds = wdsr.SRDataset(str(shards), scale=2, patch_size=32, patches_per_image=4, batch_size=4, augment=False,
-                        return_keys=True)
-    (lr, hr, keys), = run(ds, 1)
+    ds = wdsr.SRDataset(str(shards), scale=2, patch_size=32, patches_per_image=4, batch_size=4, augment=False, return_keys=True)
+    ((lr, hr, keys),) = run(ds, 1)
     assert lr.dtype == hr.dtype == torch.uint16 and hr.shape == (4, 1, 32, 32)
     assert int(hr.to(torch.int32).max()) > 255  # 16 bits kept end to end (torch.uint16 has few ops: convert)
     assert float(wdsr.to_float(hr).max()) <= 1.0
@@ -255,8 +282,9 @@ def test_too_few_patches_for_one_batch_is_refused(photo_shards):
 
 def test_shared_slot_handoff_gives_the_same_batches(photo_shards):
     def batches(pool: bool) -> list[str]:
-        ds = wdsr.SRDataset(str(photo_shards), scale=2, patch_size=32, patches_per_image=8, batch_size=4,
-                            shuffle_buffer=16, seed=9)
+        ds = wdsr.SRDataset(
+            str(photo_shards), scale=2, patch_size=32, patches_per_image=8, batch_size=4, shuffle_buffer=16, seed=9
+        )
         loader = wdsr.make_loader(ds, num_workers=2, persistent_workers=False, prefetch_factor=2, shared_slots=pool)
         assert (loader._pool is not None and loader._pool.slots == 5) if pool else loader._pool is None
         out = []
@@ -311,6 +339,7 @@ def test_two_loaders_on_one_dataset_keep_their_own_slots(photo_shards):
 def test_default_prefetch_holds_one_images_patches(photo_shards):
     """Each worker may run as far ahead as one image's patches (a decode's burst) plus two batches:
     at least 4, at most 16, and at most 64 MiB of handoff slots; explicit values are kept."""
+
     def loader(k: int, batch: int = 16, patch: int = 32, split: str = "train", **kw) -> wdsr.SRLoader:
         ds = wdsr.SRDataset(str(photo_shards), scale=2, patch_size=patch, patches_per_image=k, batch_size=batch, split=split)
         return wdsr.make_loader(ds, num_workers=2, **kw)
@@ -400,14 +429,21 @@ def test_a_script_exits_cleanly_with_workers_alive_and_a_terminated_worker_dies(
     import sys
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT, str(photo_shards), "exit"], capture_output=True, text=True,
-                          timeout=120, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_SCRIPT, str(photo_shards), "exit"], capture_output=True, text=True, timeout=120, env=env
+    )
     assert done.returncode == 0 and done.stdout.strip().endswith("done"), done.stderr
     assert done.stdout.count("SIGTERM caught") == 2, done.stdout  # by torch's worker handler, which exits cleanly
     assert "killed by signal" not in done.stderr and "Traceback" not in done.stderr, done.stderr
 
-    proc = subprocess.Popen([sys.executable, "-c", _EXIT_SCRIPT, str(photo_shards), "kill-worker"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _EXIT_SCRIPT, str(photo_shards), "kill-worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         while (line := proc.stdout.readline().split()) and line[0] == "SIGTERM":
             pass
@@ -431,18 +467,22 @@ def test_patches_larger_than_the_images_are_refused_up_front(photo_shards, capsy
 
     from wdsr.tools.cli import main as wdsr_main
 
-    sizes = sorted(min(w, h) // 2 for sh in json.loads((photo_shards / "manifest.json").read_text())["shards"]
-                   for w, h in sh["hr_sizes"])
+    sizes = sorted(
+        min(w, h) // 2 for sh in json.loads((photo_shards / "manifest.json").read_text())["shards"] for w, h in sh["hr_sizes"]
+    )
     p = 2 * (sizes[len(sizes) // 2] + 1)  # an HR patch that half the samples are too small for at x2
     small = sum(s < p // 2 for s in sizes)
     assert 0 < small < len(sizes)
-    with pytest.raises(ValueError, match=rf"{small} of {len(sizes)} samples have an LR smaller than the LR patch .*on_error='skip'"):
+    with pytest.raises(
+        ValueError, match=rf"{small} of {len(sizes)} samples have an LR smaller than the LR patch .*on_error='skip'"
+    ):
         wdsr.SRDataset(str(photo_shards), scale=2, patch_size=p, patches_per_image=2, batch_size=2)
     ds = wdsr.SRDataset(str(photo_shards), scale=2, patch_size=p, patches_per_image=2, batch_size=2, on_error="skip")
     assert ds.manifest.samples == len(sizes)  # the rest still trains; the small ones are skipped with stand-ins
     with pytest.raises(ValueError, match=rf"{len(sizes)} of {len(sizes)} samples .*; lower patch_size$"):
         wdsr.SRDataset(str(photo_shards), scale=2, patch_size=2048, on_error="skip")
-    rc = wdsr_main(["train", "--data", str(photo_shards), "--out", "/nonexistent/run", "--scale", "2",
-                    "--patch-size", "1024", "--check"])
+    rc = wdsr_main(
+        ["train", "--data", str(photo_shards), "--out", "/nonexistent/run", "--scale", "2", "--patch-size", "1024", "--check"]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "samples have an LR smaller than the LR patch 512x512" in err, err

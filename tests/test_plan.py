@@ -1,4 +1,5 @@
 """The plan: a pure function; equal slices, full coverage, wrap-only duplicates, val exactly once."""
+
 from __future__ import annotations
 
 import itertools
@@ -21,8 +22,14 @@ CASES = [
     ([100], 1, 1),
     ([1, 1, 1], 5, 3),
     ([10, 0, 10], 2, 3),
-] + [(list(np.random.default_rng(i).integers(1, 30, size=int(np.random.default_rng(i).integers(1, 12)))),
-      int(1 + i % 4), int(1 + (i // 4) % 4)) for i in range(40)]
+] + [
+    (
+        list(np.random.default_rng(i).integers(1, 30, size=int(np.random.default_rng(i).integers(1, 12)))),
+        int(1 + i % 4),
+        int(1 + (i // 4) % 4),
+    )
+    for i in range(40)
+]
 
 
 @pytest.mark.parametrize("sizes,world,workers", CASES)

@@ -1,4 +1,5 @@
 """`wdsr plot` on the metrics.jsonl of a real (tiny) `wdsr train` run: a PNG with one panel per metric."""
+
 from __future__ import annotations
 
 import io
@@ -41,7 +42,7 @@ def test_plot_draws_every_metric_of_a_real_run(photo_shards, tmp_path_factory, t
 def test_plot_reads_and_writes_fsspec_urls_and_says_what_is_missing(photo_shards, tmp_path_factory, capsys):
     run = trained_run(photo_shards, tmp_path_factory)
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    train_only = "\n".join(json.dumps(r) for r in lines if "loss" in r) + "\n{\"step\": 13, \"lo"  # torn last line
+    train_only = "\n".join(json.dumps(r) for r in lines if "loss" in r) + '\n{"step": 13, "lo'  # torn last line
     with fsspec.open("memory://runs/r1/metrics.jsonl", "w") as f:
         f.write(train_only)
     rc = main(["plot", "memory://runs/r1", "-o", "memory://figs/c.png"])
@@ -57,7 +58,7 @@ def test_plot_reads_and_writes_fsspec_urls_and_says_what_is_missing(photo_shards
 def test_plot_errors_are_one_line_and_exit_2(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     (tmp_path / "bad").mkdir()
-    (tmp_path / "bad" / "metrics.jsonl").write_text("not json\n{\"step\": 1}\n")
+    (tmp_path / "bad" / "metrics.jsonl").write_text('not json\n{"step": 1}\n')
     for run in (tmp_path / "empty", tmp_path / "bad"):
         rc = main(["plot", str(run), "-o", str(tmp_path / "c.png")])
         err = capsys.readouterr().err

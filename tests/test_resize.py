@@ -1,4 +1,5 @@
 """MATLAB imresize bicubic: bit-exact against MATLAB outputs in tests/data/refdata (see SOURCES.md there)."""
+
 from __future__ import annotations
 
 import numpy as np

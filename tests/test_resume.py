@@ -1,4 +1,5 @@
 """kill -9 in the middle of a build, rerun: finished shards kept, result identical to a clean build."""
+
 from __future__ import annotations
 
 import os
@@ -63,9 +64,13 @@ def test_kill_minus_9_then_rerun_completes_without_redoing_shards(capsys, tmp_pa
     semaphores = posix_semaphores()
     log = tmp_path / "build.log"
     with open(log, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-c", _BUILD_UNTIL_KILLED, "-q", "build", str(src), str(out), *flags],
-                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _BUILD_UNTIL_KILLED, "-q", "build", str(src), str(out), *flags],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
     try:
         wait_until(lambda: len(list(out.glob("shard-*.tar"))) >= 3, "3 finished shards", alive=proc)
     finally:

@@ -1,4 +1,5 @@
 """Object storage against a real S3 server on 127.0.0.1, with faults injected by a TCP proxy."""
+
 from __future__ import annotations
 
 import hashlib
@@ -35,15 +36,18 @@ PATIENT = wdsr.Retry(attempts=6, backoff_s=0.05, max_backoff_s=0.5, timeout_s=60
 
 
 def s3fs_for(endpoint: str, secret: str = SECRET_KEY) -> s3fs.S3FileSystem:
-    return s3fs.S3FileSystem(key=ACCESS_KEY, secret=secret, endpoint_url=endpoint,
-                             client_kwargs={"region_name": REGION}, skip_instance_cache=True)
+    return s3fs.S3FileSystem(
+        key=ACCESS_KEY, secret=secret, endpoint_url=endpoint, client_kwargs={"region_name": REGION}, skip_instance_cache=True
+    )
 
 
 def batches(ds: wdsr.SRDataset, workers: int = 2, epoch: int = 0, loader=None) -> list[tuple[str, str, tuple]]:
     ds.set_epoch(epoch)
     out = []
     for lr, hr, keys in loader or wdsr.make_loader(ds, num_workers=workers):
-        out.append((hashlib.sha256(lr.numpy().tobytes()).hexdigest(), hashlib.sha256(hr.numpy().tobytes()).hexdigest(), tuple(keys)))
+        out.append(
+            (hashlib.sha256(lr.numpy().tobytes()).hexdigest(), hashlib.sha256(hr.numpy().tobytes()).hexdigest(), tuple(keys))
+        )
     return out
 
 
@@ -82,8 +86,14 @@ def test_large_shards_are_uploaded_in_parts(s3, tmp_path):
         save(tmp_path / "src" / f"big{i}.png", np.ascontiguousarray(np.tile(pic, (2, 2, 1))[:1000, :1000]))
     url = f"s3://{S3_BUCKET}/multipart"
     opts = {"default_block_size": 5 * 2**20}  # the S3 minimum part size
-    build(BuildConfig(hr_src=str(tmp_path / "src"), out=url, progress=False,
-                       sample=SampleConfig(scales=(2,), codec=Codec.QOI, storage_options=opts)))
+    build(
+        BuildConfig(
+            hr_src=str(tmp_path / "src"),
+            out=url,
+            progress=False,
+            sample=SampleConfig(scales=(2,), codec=Codec.QOI, storage_options=opts),
+        )
+    )
     m = load(url)
     assert len(m.shards) == 1 and m.shards[0].bytes > 5 * 2**20
     etag = s3fs_for(s3.endpoint).info(f"{S3_BUCKET}/multipart/{m.shards[0].name}")["ETag"].strip('"')
@@ -197,14 +207,25 @@ def test_killed_server_mid_epoch_is_a_clear_error_not_a_hang(tmp_path, photo_src
     try:
         server.make_bucket("dying")
         env = server.env()
-        opts = {"key": env["AWS_ACCESS_KEY_ID"], "secret": env["AWS_SECRET_ACCESS_KEY"], "endpoint_url": server.endpoint,
-                "client_kwargs": {"region_name": REGION}}
+        opts = {
+            "key": env["AWS_ACCESS_KEY_ID"],
+            "secret": env["AWS_SECRET_ACCESS_KEY"],
+            "endpoint_url": server.endpoint,
+            "client_kwargs": {"region_name": REGION},
+        }
         url = "s3://dying/ds"
         from shardmaker.builder import BuildConfig, build
         from shardmaker.builder.sample import SampleConfig
 
-        build(BuildConfig(hr_src=str(photo_src), out=url, progress=False, max_samples=2,
-                           sample=SampleConfig(scales=(4,), storage_options=opts)))
+        build(
+            BuildConfig(
+                hr_src=str(photo_src),
+                out=url,
+                progress=False,
+                max_samples=2,
+                sample=SampleConfig(scales=(4,), storage_options=opts),
+            )
+        )
         # No shuffle buffer and one batch prefetched per worker: when the first batch arrives, each
         # worker has read at most 3 of its 5 samples and waits for the loader to ask for more (the
         # DataLoader's task protocol, not timing), so reads are left for after the kill.
@@ -212,8 +233,8 @@ def test_killed_server_mid_epoch_is_a_clear_error_not_a_hang(tmp_path, photo_src
         it = iter(wdsr.make_loader(ds, num_workers=2, prefetch_factor=1))
         next(it)
         server.kill()
-        # the worker's SampleError reaches the trainer (torch re-raises it as RuntimeError, message kept)
-        with pytest.raises(Exception, match=r"s3://dying/ds/shard-\d+\.tar: gave up reading .* after 6 tries"):
+        # the worker's SampleError reaches the trainer as a SampleError (torch re-raises it from its message)
+        with pytest.raises(wdsr.SampleError, match=r"s3://dying/ds/shard-\d+\.tar: gave up reading .* after 6 tries"):
             for _ in it:
                 pass
     finally:
@@ -419,8 +440,14 @@ def test_a_failed_build_leaves_no_torn_shard_and_no_open_upload(s3, tmp_path):
     url = f"s3://{S3_BUCKET}/torn"
     opts = {"default_block_size": 5 * 2**20}
     with pytest.raises(Exception, match="bad.png"):
-        build(BuildConfig(hr_src=str(tmp_path / "src"), out=url, progress=False,
-                           sample=SampleConfig(scales=(2,), codec=Codec.QOI, storage_options=opts)))
+        build(
+            BuildConfig(
+                hr_src=str(tmp_path / "src"),
+                out=url,
+                progress=False,
+                sample=SampleConfig(scales=(2,), codec=Codec.QOI, storage_options=opts),
+            )
+        )
     fs = s3fs_for(s3.endpoint)
     left = [p for p in fs.find(f"{S3_BUCKET}/torn") if p.endswith(".tar") or p.endswith("manifest.json")]
     assert left == []
@@ -432,9 +459,30 @@ def test_bench_compares_s3_with_local_and_shows_the_cache_hit_rate(s3_photo_shar
     from wdsr.tools.cli import main as wdsr_main
 
     out = tmp_path / "b.json"
-    rc = wdsr_main(["bench", str(photo_shards), "--compare", s3_photo_shards, "--cache-dir", str(tmp_path / "c"),
-                    "--workers", "1", "--patch-size", "32", "--scale", "2", "-k", "4", "--batch-size", "4",
-                    "--seconds", "1", "--json", str(out)])
+    rc = wdsr_main(
+        [
+            "bench",
+            str(photo_shards),
+            "--compare",
+            s3_photo_shards,
+            "--cache-dir",
+            str(tmp_path / "c"),
+            "--workers",
+            "1",
+            "--patch-size",
+            "32",
+            "--scale",
+            "2",
+            "-k",
+            "4",
+            "--batch-size",
+            "4",
+            "--seconds",
+            "1",
+            "--json",
+            str(out),
+        ]
+    )
     text = capsys.readouterr().out
     assert rc == 0 and f"{s3_photo_shards} / {photo_shards}:" in text and "cache hits" in text
     local, remote = json.loads(out.read_text())
@@ -461,10 +509,12 @@ def test_resume_mid_epoch_from_s3_through_faults_gives_the_local_batches(s3_phot
     state = loader.state_dict()
     it.close()
     assert [(hashlib.sha256(lr.numpy().tobytes()).hexdigest(), tuple(k)) for lr, _, k in first] == [
-        (a, k) for a, _, k in whole[:4]]
+        (a, k) for a, _, k in whole[:4]
+    ]
     proxy.cut_after(3000, times=3)
-    fresh = wdsr.make_loader(dataset(s3_photo_shards, retry=AMPLE, storage_options={"endpoint_url": proxy.endpoint}),
-                             num_workers=2)
+    fresh = wdsr.make_loader(
+        dataset(s3_photo_shards, retry=AMPLE, storage_options={"endpoint_url": proxy.endpoint}), num_workers=2
+    )
     fresh.load_state_dict(state)
     rest = batches(fresh.sr_dataset, loader=fresh)
     assert rest == whole[4:]
@@ -497,20 +547,36 @@ def test_a_pooled_connection_the_server_closed_is_replaced_not_retried():
 
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    return subprocess.run([sys.executable, "-m", *args], env={**base, "AWS_EC2_METADATA_DISABLED": "true", **env},
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        env={**base, "AWS_EC2_METADATA_DISABLED": "true", **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_a_dead_endpoint_and_missing_credentials_are_one_line_and_exit_2(tmp_path):
     """Every storage error class is one line and exit 2 (a pre-flight that exits 1 makes a Job retry);
     no traceback. The endpoint is a closed port on 127.0.0.1; credentials are looked for nowhere else."""
-    dead = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
-            "AWS_MAX_ATTEMPTS": "1"}
-    nocreds = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_CONFIG_FILE": str(tmp_path / "none"),
-               "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    dead = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}",
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_MAX_ATTEMPTS": "1",
+    }
+    nocreds = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}",
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+    }
     cases = [
         (["shardmaker", "info", "s3://bucket/ds"], dead, "EndpointConnectionError"),
-        (["wdsr", "train", "--data", "s3://bucket/ds", "--out", str(tmp_path / "run"), "--check"], dead, "EndpointConnectionError"),
+        (
+            ["wdsr", "train", "--data", "s3://bucket/ds", "--out", str(tmp_path / "run"), "--check"],
+            dead,
+            "EndpointConnectionError",
+        ),
         (["wdsr", "train", "--data", "s3://bucket/ds", "--out", str(tmp_path / "run"), "--check"], nocreds, "NoCredentialsError"),
     ]
     for args, env, what in cases:
@@ -522,8 +588,22 @@ def test_a_dead_endpoint_and_missing_credentials_are_one_line_and_exit_2(tmp_pat
 def test_s3_commands_print_only_their_own_lines_with_s3_urls(s3, tmp_path, photo_src):
     """botocore's INFO lines ("Found credentials in environment variables.") are not the tool's own;
     the build summary names the manifest as the URL it was given (s3://...)."""
-    r = _cli(["shardmaker", "-q", "build", str(photo_src), f"s3://{S3_BUCKET}/urls", "--scale", "2", "--max-samples", "3",
-              "--workers", "1"], s3.env())
+    r = _cli(
+        [
+            "shardmaker",
+            "-q",
+            "build",
+            str(photo_src),
+            f"s3://{S3_BUCKET}/urls",
+            "--scale",
+            "2",
+            "--max-samples",
+            "3",
+            "--workers",
+            "1",
+        ],
+        s3.env(),
+    )
     assert r.returncode == 0, r.stderr
     assert f"wrote s3://{S3_BUCKET}/urls/manifest.json:" in r.stdout
     r = _cli(["shardmaker", "info", f"s3://{S3_BUCKET}/urls"], s3.env())
@@ -533,19 +613,28 @@ def test_s3_commands_print_only_their_own_lines_with_s3_urls(s3, tmp_path, photo
 @pytest.mark.slow
 def test_make_s3_dev_serves_a_bucket_until_interrupted(tmp_path):
     """``make s3-dev`` (python -m tests.s3server): the printed variables reach a working bucket; SIGINT stops it."""
-    proc = subprocess.Popen([sys.executable, "-m", "tests.s3server", "--dir", str(tmp_path / "s3"), "--bucket", "try"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.s3server", "--dir", str(tmp_path / "s3"), "--bucket", "try"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         env = {}
         for line in proc.stdout:
             if line.startswith("export "):
-                k, _, v = line[len("export "):].strip().partition("=")
+                k, _, v = line[len("export ") :].strip().partition("=")
                 env[k] = v
             if "AWS_EC2_METADATA_DISABLED" in env:
                 break
         assert env["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:"), env
-        fs = s3fs.S3FileSystem(key=env["AWS_ACCESS_KEY_ID"], secret=env["AWS_SECRET_ACCESS_KEY"],
-                               endpoint_url=env["AWS_ENDPOINT_URL"], skip_instance_cache=True)
+        fs = s3fs.S3FileSystem(
+            key=env["AWS_ACCESS_KEY_ID"],
+            secret=env["AWS_SECRET_ACCESS_KEY"],
+            endpoint_url=env["AWS_ENDPOINT_URL"],
+            skip_instance_cache=True,
+        )
         fs.pipe("try/hello.txt", b"hi")
         assert fs.cat("try/hello.txt") == b"hi"
         os.killpg(proc.pid, signal.SIGINT)

@@ -1,4 +1,5 @@
 """The pipeline stages alone, each against a property: shuffle, augment, patches, handoff, env."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -262,6 +263,10 @@ def test_patch_draws_are_uniform_independent_of_the_run_and_cover_every_transfor
     assert abs(np.corrcoef(d[:-1, 0].astype(float), d[1:, 0].astype(float))[0, 1]) < 0.05  # neighbours unrelated
     # patch j is the same whether it is drawn alone or in a run, and depends on seed, epoch, key, try
     assert np.array_equal(draws(base, js[123:124], 0, (37, 101, 8))[0], d[123])
-    others = [draws(draw_base(4, 1, "frames/a"), js, 0, (37, 101, 8)), draws(draw_base(3, 2, "frames/a"), js, 0, (37, 101, 8)),
-              draws(draw_base(3, 1, "frames/b"), js, 0, (37, 101, 8)), draws(base, js, 1, (37, 101, 8))]
+    others = [
+        draws(draw_base(4, 1, "frames/a"), js, 0, (37, 101, 8)),
+        draws(draw_base(3, 2, "frames/a"), js, 0, (37, 101, 8)),
+        draws(draw_base(3, 1, "frames/b"), js, 0, (37, 101, 8)),
+        draws(base, js, 1, (37, 101, 8)),
+    ]
     assert all((o != d).any(axis=1).mean() > 0.9 for o in others)

@@ -1,4 +1,5 @@
 """Our tar writer/reader against Python's tarfile and GNU tar."""
+
 from __future__ import annotations
 
 import io
@@ -80,14 +81,21 @@ class _CountingReader(io.BytesIO):
 
 def test_iter_samples_groups_by_key_with_offsets_even_when_the_first_member_is_skipped():
     long = "deep/" + "n" * 120
-    members = [("a.json", b"{}"), ("a.hr.png", b"x" * 700), (f"{long}.hr.png", b"h" * 1025),
-               (f"{long}.lr_x4.png", b"y" * 3000), ("c.d.hr.png", b"z" * 10)]
+    members = [
+        ("a.json", b"{}"),
+        ("a.hr.png", b"x" * 700),
+        (f"{long}.hr.png", b"h" * 1025),
+        (f"{long}.lr_x4.png", b"y" * 3000),
+        ("c.d.hr.png", b"z" * 10),
+    ]
     data = _archive(members)
     offsets = {n: off for n, off, _ in tario.iter_members(io.BytesIO(data))}
     full = list(tario.iter_samples(io.BytesIO(data)))
     assert [(k, off, sorted(m)) for k, off, m in full] == [
-        ("a", 0, ["hr.png", "json"]), (long, offsets[f"{long}.hr.png"], ["hr.png", "lr_x4.png"]),
-        ("c", offsets["c.d.hr.png"], ["d.hr.png"])]  # the key ends at the first dot of the basename
+        ("a", 0, ["hr.png", "json"]),
+        (long, offsets[f"{long}.hr.png"], ["hr.png", "lr_x4.png"]),
+        ("c", offsets["c.d.hr.png"], ["d.hr.png"]),
+    ]  # the key ends at the first dot of the basename
     f = _CountingReader(data)
     only_lr = list(tario.iter_samples(f, want=lambda ext: ext == "lr_x4.png"))
     # every sample and its offset still come out (the first member of each was not read) ...
@@ -138,17 +146,20 @@ def test_pax_path_and_size_records_apply_to_the_next_member():
     assert [(e.name, e.data) for e in tario.iter_entries(io.BytesIO(b.getvalue()))] == [(name, b"abc"), ("plain.txt", b"abc")]
 
 
-@pytest.mark.parametrize("records", [
-    b"99 path=a\n",  # longer than the header
-    b"x path=a\n",  # not a length
-    b"3 path=a\n",  # shorter than its own text
-    b"11 path=a\n\n\n",  # no "\n" where the length ends
-    b"9 pathab\n",  # no "="
-    b"12 path=\xff\xfe\n",  # not UTF-8
-    b"11 size=-5\n",  # negative: would read the rest of the stream
-    b"14 size=1e300\n",  # not a number of bytes
-    b"15 size=999999\n",  # more than is left
-])
+@pytest.mark.parametrize(
+    "records",
+    [
+        b"99 path=a\n",  # longer than the header
+        b"x path=a\n",  # not a length
+        b"3 path=a\n",  # shorter than its own text
+        b"11 path=a\n\n\n",  # no "\n" where the length ends
+        b"9 pathab\n",  # no "="
+        b"12 path=\xff\xfe\n",  # not UTF-8
+        b"11 size=-5\n",  # negative: would read the rest of the stream
+        b"14 size=1e300\n",  # not a number of bytes
+        b"15 size=999999\n",  # more than is left
+    ],
+)
 def test_bad_pax_records_are_tar_format_errors(records):
     with pytest.raises(tario.TarFormatError):
         list(tario.iter_entries(io.BytesIO(_pax_tar(records))))

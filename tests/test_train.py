@@ -1,5 +1,6 @@
 """`wdsr train` on real photo shards: models learn, DDP ranks agree, SIGTERM checkpoints, --resume
 continues, bad input exits 2 before any worker starts."""
+
 from __future__ import annotations
 
 import io
@@ -33,8 +34,28 @@ def records(out: Path) -> list[dict]:
 @pytest.mark.parametrize("model", ["espcn", "edsr-baseline"])
 def test_a_few_cpu_steps_lower_the_loss(photo_shards, tmp_path, model):
     out = tmp_path / "run"
-    rc = main(["train", "--data", str(photo_shards), "--out", str(out), "--model", model, *SMALL, "--lr", "1e-3",
-               "--steps", "40", "--log-every", "10", "--ckpt-every", "20", "--val-every", "0"])
+    rc = main(
+        [
+            "train",
+            "--data",
+            str(photo_shards),
+            "--out",
+            str(out),
+            "--model",
+            model,
+            *SMALL,
+            "--lr",
+            "1e-3",
+            "--steps",
+            "40",
+            "--log-every",
+            "10",
+            "--ckpt-every",
+            "20",
+            "--val-every",
+            "0",
+        ]
+    )
     assert rc == 0
     losses = [r["loss"] for r in records(out) if "loss" in r]
     assert len(losses) == 4 and losses[-1] < 0.8 * losses[0], losses
@@ -54,9 +75,29 @@ def test_validation_and_tensorboard(photo_shards, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "run"
-    rc = main(["train", "--data", str(photo_shards), "--val-data", str(photo_shards), "--out", str(out),
-               "--model", "espcn", *SMALL, "--steps", "4", "--log-every", "2", "--val-every", "4",
-               "--val-tile", "24", "--tensorboard"])
+    rc = main(
+        [
+            "train",
+            "--data",
+            str(photo_shards),
+            "--val-data",
+            str(photo_shards),
+            "--out",
+            str(out),
+            "--model",
+            "espcn",
+            *SMALL,
+            "--steps",
+            "4",
+            "--log-every",
+            "2",
+            "--val-every",
+            "4",
+            "--val-tile",
+            "24",
+            "--tensorboard",
+        ]
+    )
     assert rc == 0
     val = [r for r in records(out) if "psnr_y" in r]
     assert len(val) == 1 and val[0]["val_images"] == 10 and 5 < val[0]["psnr_y"] < 40 and 0 < val[0]["ssim_y"] < 1
@@ -75,15 +116,18 @@ def test_config_file_keys_are_flag_names_and_flags_win(tmp_path):
     assert make_config({"config": str(tmp_path / "c.json")}).dataset.batch_size == 4
 
 
-@pytest.mark.parametrize("case, args, message", [
-    ("no manifest", ["--data", "{tmp}/nothing"], "no manifest.json"),
-    ("missing scale", ["--scale", "3"], "no x3 LR"),
-    ("patch not a multiple", ["--patch-size", "50"], "not a multiple of --scale 4"),
-    ("unknown model", ["--model", "rcan"], "invalid choice: 'rcan'"),
-    ("unknown config key", ["--config", "{tmp}/bad.yaml"], "unknown setting 'learning_rate'"),
-    ("steps and epochs", ["--steps", "3", "--epochs", "1"], "not both"),
-    ("batch larger than a worker's patches", ["--batch-size", "64", "-k", "1", "--workers", "4"], "lower batch_size"),
-])
+@pytest.mark.parametrize(
+    "case, args, message",
+    [
+        ("no manifest", ["--data", "{tmp}/nothing"], "no manifest.json"),
+        ("missing scale", ["--scale", "3"], "no x3 LR"),
+        ("patch not a multiple", ["--patch-size", "50"], "not a multiple of --scale 4"),
+        ("unknown model", ["--model", "rcan"], "invalid choice: 'rcan'"),
+        ("unknown config key", ["--config", "{tmp}/bad.yaml"], "unknown setting 'learning_rate'"),
+        ("steps and epochs", ["--steps", "3", "--epochs", "1"], "not both"),
+        ("batch larger than a worker's patches", ["--batch-size", "64", "-k", "1", "--workers", "4"], "lower batch_size"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2_before_any_work(photo_shards, tmp_path, capsys, case, args, message):
     (tmp_path / "bad.yaml").write_text("learning_rate: 0.1\n")
     argv = ["train", "--data", str(photo_shards), "--out", str(tmp_path / "run"), "--model", "espcn"]
@@ -112,10 +156,30 @@ def test_out_holding_another_run_is_refused_unless_resume(photo_shards, tmp_path
 @pytest.mark.slow
 def test_sigterm_checkpoints_and_resume_continues_from_its_step(photo_shards, tmp_path):
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "wdsr", "train", "--data", str(photo_shards), "--out", str(out), "--model", "espcn",
-            *SMALL, "--steps", "100000", "--log-every", "1", "--ckpt-every", "100000", "--val-every", "0"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    argv = [
+        sys.executable,
+        "-m",
+        "wdsr",
+        "train",
+        "--data",
+        str(photo_shards),
+        "--out",
+        str(out),
+        "--model",
+        "espcn",
+        *SMALL,
+        "--steps",
+        "100000",
+        "--log-every",
+        "1",
+        "--ckpt-every",
+        "100000",
+        "--val-every",
+        "0",
+    ]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     try:
         metrics = out / "metrics.jsonl"
         try:
@@ -139,8 +203,25 @@ def test_sigterm_checkpoints_and_resume_continues_from_its_step(photo_shards, tm
     adam_steps = {int(s["step"]) for s in state["optimizer"]["state"].values()}
     assert adam_steps == {step}
 
-    rc = main(["train", "--data", str(photo_shards), "--out", str(out), "--model", "espcn", *SMALL,
-               "--steps", str(step + 3), "--log-every", "1", "--val-every", "0", "--resume"])
+    rc = main(
+        [
+            "train",
+            "--data",
+            str(photo_shards),
+            "--out",
+            str(out),
+            "--model",
+            "espcn",
+            *SMALL,
+            "--steps",
+            str(step + 3),
+            "--log-every",
+            "1",
+            "--val-every",
+            "0",
+            "--resume",
+        ]
+    )
     assert rc == 0
     after = [r["step"] for r in records(out) if "loss" in r and r["step"] > step]
     assert after == [step + 1, step + 2, step + 3]
@@ -152,20 +233,43 @@ def test_sigterm_checkpoints_and_resume_continues_from_its_step(photo_shards, tm
 @pytest.mark.slow
 def test_two_ranks_under_torchrun_end_with_identical_weights(photo_shards, tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
-           "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "wdsr", "train",
-           "--data", str(photo_shards), "--val-data", str(photo_shards), "--out", str(out), "--model", "espcn",
-           *SMALL, "--steps", "4", "--log-every", "2", "--val-every", "4"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        "--nproc-per-node=2",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        "-m",
+        "wdsr",
+        "train",
+        "--data",
+        str(photo_shards),
+        "--val-data",
+        str(photo_shards),
+        "--out",
+        str(out),
+        "--model",
+        "espcn",
+        *SMALL,
+        "--steps",
+        "4",
+        "--log-every",
+        "2",
+        "--val-every",
+        "4",
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     recs = records(out)
     final = recs[-1]
     assert final["event"] == "finished" and len(final["weights_sha256"]) == 2 and final["weights_in_sync"]
     val = [r for r in recs if "psnr_y" in r]
     assert val[0]["val_images"] == 10  # each rank its part, gathered: every image once
-    state = torch.load(io.BytesIO((out / json.loads((out / "latest.json").read_text())["path"]).read_bytes()),
-                       weights_only=True)
+    state = torch.load(io.BytesIO((out / json.loads((out / "latest.json").read_text())["path"]).read_bytes()), weights_only=True)
     assert state["world_size"] == 2
     net = build_model("espcn", 4)
     net.load_state_dict(state["model"])
@@ -177,9 +281,11 @@ def test_a_second_sigterm_exits_at_once():
 
     ``signal.raise_signal`` delivers to this very thread and runs the Python handler before it
     returns, so "at once" means: not one more statement runs, whatever the machine's speed."""
-    code = ("import signal\nfrom wdsr.train.loop import StopFlag\nf = StopFlag(); f.install()\n"
-            "signal.raise_signal(signal.SIGTERM)\nassert f.requested\nprint('asked to stop', flush=True)\n"
-            "signal.raise_signal(signal.SIGTERM)\nprint('ran on after the second SIGTERM', flush=True)\n")
+    code = (
+        "import signal\nfrom wdsr.train.loop import StopFlag\nf = StopFlag(); f.install()\n"
+        "signal.raise_signal(signal.SIGTERM)\nassert f.requested\nprint('asked to stop', flush=True)\n"
+        "signal.raise_signal(signal.SIGTERM)\nprint('ran on after the second SIGTERM', flush=True)\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
     assert proc.stdout.split("\n")[:2] == ["asked to stop", ""], proc.stdout  # ended inside the second handler
@@ -191,11 +297,45 @@ def test_kill_9_mid_epoch_then_resume_ends_with_the_uninterrupted_weights(photo_
     checkpoint; --resume continues at the exact batch, so the weights end as if nothing happened."""
 
     def cmd(out: Path, *extra: str, ranks: int = 2) -> list[str]:
-        return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={ranks}",
-                "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "wdsr", "train",
-                "--data", str(photo_shards), "--out", str(out), "--model", "espcn", "--patch-size", "48", "-k", "64",
-                "--batch-size", "4", "--workers", "1", "--shuffle-buffer", "16", "--steps", "600", "--log-every", "50",
-                "--val-every", "0", "--ckpt-every", "7", "--keep-ckpts", "200", *extra]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=1",
+            f"--nproc-per-node={ranks}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={free_port()}",
+            "-m",
+            "wdsr",
+            "train",
+            "--data",
+            str(photo_shards),
+            "--out",
+            str(out),
+            "--model",
+            "espcn",
+            "--patch-size",
+            "48",
+            "-k",
+            "64",
+            "--batch-size",
+            "4",
+            "--workers",
+            "1",
+            "--shuffle-buffer",
+            "16",
+            "--steps",
+            "600",
+            "--log-every",
+            "50",
+            "--val-every",
+            "0",
+            "--ckpt-every",
+            "7",
+            "--keep-ckpts",
+            "200",
+            *extra,
+        ]
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     ref = subprocess.run(cmd(tmp_path / "ref"), capture_output=True, text=True, timeout=300, env=env)
@@ -207,8 +347,7 @@ def test_kill_9_mid_epoch_then_resume_ends_with_the_uninterrupted_weights(photo_
     proc = subprocess.Popen(cmd(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         latest = out / "latest.json"
-        wait_until(lambda: latest.exists() and json.loads(latest.read_text())["step"] >= 14, "checkpoint at step 14",
-                   alive=proc)
+        wait_until(lambda: latest.exists() and json.loads(latest.read_text())["step"] >= 14, "checkpoint at step 14", alive=proc)
     finally:
         ranks = descendants(proc.pid)
         kill_tree(proc.pid)  # torchrun, both ranks and their DataLoader workers, at once
@@ -239,12 +378,16 @@ def test_kill_9_mid_epoch_then_resume_ends_with_the_uninterrupted_weights(photo_
 
 def test_every_dataset_option_is_a_train_setting_with_sizes_in_units(tmp_path):
     """TrainConfig nests the train set's DatasetConfig: flat keys or a ``dataset:`` mapping, sizes with units."""
-    (tmp_path / "c.yaml").write_text("data: /d\nout: /o\ndecoded_cache_limit: 2GB\ndataset:\n  shuffle_buffer: 8\n  on_error: skip\n")
+    (tmp_path / "c.yaml").write_text(
+        "data: /d\nout: /o\ndecoded_cache_limit: 2GB\ndataset:\n  shuffle_buffer: 8\n  on_error: skip\n"
+    )
     cfg = make_config({"config": str(tmp_path / "c.yaml"), "cache_limit": 0.5})
     d = cfg.dataset
     assert (d.shuffle_buffer, d.on_error, d.decoded_cache_limit, d.cache_limit) == (8, OnError.SKIP, 2 * 10**9, 5 * 10**8)
-    assert cfg.dict["decoded_cache_limit"] == 2 * 10**9 and cfg.dict["on_error"] == "skip" and cfg.dict["model"] == "edsr-baseline"
-    with pytest.raises(ValueError, match="decoded_cache_limit: not a size"):
+    assert (
+        cfg.dict["decoded_cache_limit"] == 2 * 10**9 and cfg.dict["on_error"] == "skip" and cfg.dict["model"] == "edsr-baseline"
+    )
+    with pytest.raises(ValueError, match="decoded.cache.limit: not a size"):
         make_config({"data": "/d", "out": "/o", "decoded_cache_limit": "lots"})
     with pytest.raises(ValueError, match="unknown setting 'shufle_buffer'"):
         make_config({"data": "/d", "out": "/o", "shufle_buffer": 8})

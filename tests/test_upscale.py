@@ -1,5 +1,6 @@
 """`wdsr upscale` with a tiny ESPCN trained by `wdsr train` on real photo shards: tiled equals whole,
 8/16-bit and grey round trips, --hr scores, bad input is one line and exit 2."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,9 +16,34 @@ from wdsr.metrics import psnr_y, ssim_y
 from wdsr.tools.cli import main
 from wdsr.tools.upscale import load_model, read_image, upscale_image
 
-TRAIN = ["--model", "espcn", "--scale", "4", "--patch-size", "48", "-k", "4", "--batch-size", "4", "--workers", "0",
-         "--shuffle-buffer", "16", "--lr", "1e-3", "--steps", "12", "--log-every", "3", "--ckpt-every", "6",
-         "--val-every", "6", "--val-tile", "32"]
+TRAIN = [
+    "--model",
+    "espcn",
+    "--scale",
+    "4",
+    "--patch-size",
+    "48",
+    "-k",
+    "4",
+    "--batch-size",
+    "4",
+    "--workers",
+    "0",
+    "--shuffle-buffer",
+    "16",
+    "--lr",
+    "1e-3",
+    "--steps",
+    "12",
+    "--log-every",
+    "3",
+    "--ckpt-every",
+    "6",
+    "--val-every",
+    "6",
+    "--val-tile",
+    "32",
+]
 
 
 _RUNS: dict[str, Path] = {}
@@ -46,8 +72,9 @@ def _close(a: np.ndarray, b: np.ndarray, top: float) -> tuple[float, float]:
 def test_tiled_through_the_cli_equals_the_model_on_the_whole_image(photo_shards, tmp_path_factory, tmp_path, capsys):
     run = trained_run(photo_shards, tmp_path_factory)
     src = save(tmp_path / "in" / "cat.png", _lr_photo())
-    rc = main(["upscale", str(run), str(src.parent), "-o", str(tmp_path / "out"), "--tile", "40", "--overlap", "8",
-               "--device", "cpu"])
+    rc = main(
+        ["upscale", str(run), str(src.parent), "-o", str(tmp_path / "out"), "--tile", "40", "--overlap", "8", "--device", "cpu"]
+    )
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "espcn x4, step 12" in text and "cat.png: 524x360" in text
@@ -70,8 +97,20 @@ def test_16_bit_in_16_bit_out_and_grey_stays_grey(photo_shards, tmp_path_factory
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "deep.png").write_bytes(imaging.encode(lr16, Codec.PNG))
     save(tmp_path / "in" / "grey.png", np.ascontiguousarray(lr8[:, :, 1]))
-    rc = main(["upscale", str(run / "checkpoints" / "step-00000012.pt"), str(tmp_path / "in" / "deep.png"),
-               str(tmp_path / "in" / "grey.png"), "-o", str(tmp_path / "out"), "--tile", "24", "--overlap", "6"])
+    rc = main(
+        [
+            "upscale",
+            str(run / "checkpoints" / "step-00000012.pt"),
+            str(tmp_path / "in" / "deep.png"),
+            str(tmp_path / "in" / "grey.png"),
+            "-o",
+            str(tmp_path / "out"),
+            "--tile",
+            "24",
+            "--overlap",
+            "6",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     deep, grey = read_image(tmp_path / "out" / "deep.png"), read_image(tmp_path / "out" / "grey.png")
     assert deep.dtype == np.uint16 and deep.shape == (240, 280, 3)
@@ -89,8 +128,9 @@ def test_hr_reference_prints_psnr_and_ssim_per_image_and_the_mean(photo_shards, 
     for name, hr in hrs.items():
         save(tmp_path / "hr" / f"{name}.png", np.ascontiguousarray(hr))
         save(tmp_path / "lr" / f"{name}.png", imaging.downscale(np.ascontiguousarray(hr), 4))
-    rc = main(["upscale", str(run), str(tmp_path / "lr"), "-o", str(tmp_path / "sr"), "--hr", str(tmp_path / "hr"),
-               "--tile", "32"])
+    rc = main(
+        ["upscale", str(run), str(tmp_path / "lr"), "-o", str(tmp_path / "sr"), "--hr", str(tmp_path / "hr"), "--tile", "32"]
+    )
     cap = capsys.readouterr()
     text = cap.out
     assert rc == 0, cap.err

@@ -10,8 +10,12 @@ from pathlib import Path
 
 import fsspec
 import pytest
+from braceexpand import braceexpand
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import wdsr
+from shardmaker import format as fmt
 
 KW = dict(scale=4, patch_size=48, patches_per_image=3, batch_size=2, shuffle_buffer=8, seed=4, return_keys=True)
 
@@ -93,3 +97,85 @@ def test_s3_pattern(s3_photo_shards, photo_shards):
     assert _batches(part, 2) == _batches(local, 2)
     with pytest.raises(ValueError, match=r"s3://.*shard-000006\.tar: not listed"):
         wdsr.SRDataset(f"{s3_photo_shards}/shard-{{000006..000007}}.tar", **KW)
+
+
+# ---- brace patterns: counted first (shardmaker.format.expand_braces), expanded as braceexpand does ----
+PATTERNS = [
+    "shard-{000000..000127}.tar",
+    "s3://bucket/ds/shard-{000000..000003}.tar",
+    "a",
+    "",
+    "{}",
+    "{a}",
+    "{a,b}",
+    "{,}",
+    "{,,}",
+    "{a,}{,b}",
+    "x{1..3}y",
+    "{07..10}",
+    "{-05..5..3}",
+    "{4..1}",
+    "{2..-1}",
+    "{0..10..0}",
+    "{10..0..3}",
+    "{1..5..-2}",
+    "{a..g..2}",
+    "{Z..a}",
+    "{z..A}",
+    "{a..A}",
+    "{A..A}",
+    "{a..z..-2}",
+    "python{2.{5..7},3.{2,3}}",
+    "{a,b}{c,d}{1..3..2}",
+    "{{1..2},{a..c}}x{,y}",
+    "{a,{b,{c,d}}}",
+    "{x{1..2}}",
+    "{{a,b}}",
+    "a}b{c",
+    "}{{x}",
+    r"{1\{2,3}",
+    r"{a,b\,c}",
+    r"\\{a,b}",
+    "{1..3}\n",
+    "shard-{{0..9}{0..9},{{0..9}{0..9}{0..9},{x,y}{0..99}}}.tar",
+]
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_a_pattern_expands_exactly_as_braceexpand_does(pattern):
+    ref = list(braceexpand(pattern))
+    assert fmt.expand_braces(pattern) == ref
+    size = fmt.count_braces(pattern)
+    assert size.names == len(ref) and size.chars >= sum(map(len, ref))
+
+
+@settings(max_examples=400, deadline=None, database=None)
+@given(st.text(alphabet="{},.\\-0123ab", max_size=14))
+def test_any_small_pattern_counts_and_expands_as_braceexpand_does(pattern):
+    """Random strings of the grammar's characters: the same names, or refused where braceexpand refuses."""
+    try:
+        ref: list[str] | None = list(braceexpand(pattern))
+    except ValueError:  # unbalanced braces
+        ref = None
+    if ref is None:
+        with pytest.raises(fmt.PatternError, match="unbalanced braces"):
+            fmt.count_braces(pattern)
+        return
+    assert fmt.count_braces(pattern).names == len(ref) and fmt.expand_braces(pattern) == ref
+
+
+def test_patterns_above_the_limits_are_refused_in_one_line():
+    with pytest.raises(fmt.PatternError, match=r"names 1,001 URLs: at most 1,000 are allowed"):
+        fmt.expand_braces("s-{0..1000}.tar", limit=1000)
+    assert len(fmt.expand_braces("s-{1..1000}.tar", limit=1000)) == 1000
+    with pytest.raises(fmt.PatternError, match="nests braces 17 deep; at most 16"):
+        fmt.expand_braces("{" * 17 + "a,b" + "}" * 17)
+    with pytest.raises(fmt.PatternError, match="has 8193 characters; at most 8192"):
+        fmt.expand_braces("x" * 8193)
+    with pytest.raises(fmt.PatternError, match="a range with a number too long to read"):
+        fmt.expand_braces("{0.." + "9" * 5000 + "}")
+    with pytest.raises(fmt.PatternError, match=r"names 100,000 URLs: over 268,435,456 characters"):
+        fmt.expand_braces("x" * 8000 + "{00000..99999}")  # few names, but each 8 KB long
+    with pytest.raises(fmt.PatternError, match="unbalanced braces") as info:
+        fmt.expand_braces("shard-{0..3.tar" + "x" * 5000)
+    assert len(str(info.value)) < 200  # the pattern quoted with brief()

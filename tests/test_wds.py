@@ -21,8 +21,7 @@ from tests.helpers import photos
 
 
 def _pipeline(urls: str | list[str], *stages) -> wds.DataPipeline:
-    return wds.DataPipeline(wds.SimpleShardList(urls), wds.split_by_node, wds.split_by_worker, wds.tarfile_to_samples(),
-                            *stages)
+    return wds.DataPipeline(wds.SimpleShardList(urls), wds.split_by_node, wds.split_by_worker, wds.tarfile_to_samples(), *stages)
 
 
 def _digest(lr: torch.Tensor, hr: torch.Tensor) -> str:
@@ -40,8 +39,9 @@ def test_our_shards_in_a_wds_pipeline_give_srdatasets_patches(photo_shards, monk
         got.update((keys[0], _digest(lr, hr)) for lr, hr, keys in loader)
     monkeypatch.delenv("RANK")
     monkeypatch.delenv("WORLD_SIZE")
-    ds = wdsr.SRDataset(str(photo_shards), scale=4, patch_size=48, patches_per_image=3, batch_size=1, shuffle_buffer=0,
-                        seed=6, return_keys=True)
+    ds = wdsr.SRDataset(
+        str(photo_shards), scale=4, patch_size=48, patches_per_image=3, batch_size=1, shuffle_buffer=0, seed=6, return_keys=True
+    )
     want = Counter((keys[0], _digest(lr, hr)) for lr, hr, keys in wdsr.make_loader(ds, num_workers=0))
     assert got == want and sum(got.values()) == 30  # the same 3 patches of each of the 10 images
 
@@ -73,8 +73,12 @@ def test_foreign_jpeg_shards_give_aligned_patches_and_name_a_bad_sample(tmp_path
     decode = sr.decode_pair(scale=4, hr="jpg", lr="x4.jpg")
     with pytest.raises(wdsr.SampleError, match=r"frame_005.*has no 'x4.jpg' member"):
         list(_pipeline(urls, wds.map(decode)))
-    stages = [wds.map(decode, handler=wds.ignore_and_continue), sr.patches(k=4, patch_size=64, scale=4, seed=1, augment=False),
-              wds.shuffle(16), sr.batched(4, return_keys=True)]
+    stages = [
+        wds.map(decode, handler=wds.ignore_and_continue),
+        sr.patches(k=4, patch_size=64, scale=4, seed=1, augment=False),
+        wds.shuffle(16),
+        sr.batched(4, return_keys=True),
+    ]
     loader = torch.utils.data.DataLoader(_pipeline(urls, *stages), batch_size=None, num_workers=2)
     seen, aligned, shifted = set(), [], []
     for lr, hr, batch_keys in loader:
@@ -116,3 +120,26 @@ def test_decode_pair_checks_our_digests_and_ignores_another_tools_json(photo_sha
         decode(bad)
     foreign = dict(sample, json=b'{"caption": "a photo"}')  # another tool's json: nothing to check, still decodes
     assert decode(foreign).key == sample["__key__"]
+
+
+def test_decode_pair_checks_the_kind_from_the_headers_before_decoding(photo_shards):
+    from shardmaker import imaging
+    from shardmaker.imaging import Codec
+
+    sample = next(iter(_pipeline(str(photo_shards / "shard-000000.tar"))))
+    grey = {
+        name: imaging.encode(np.asarray(Image.fromarray(imaging.decode(sample[name], "png")).convert("L")), Codec.PNG)
+        for name in ("hr.png", "lr_x4.png")
+    }
+    grey_sample = dict(sample, __key__="grey", **grey)
+    decode = sr.decode_pair(scale=4)  # the first sample this process decodes fixes the kind
+    assert decode(sample).hr.ndim == 3
+    with pytest.raises(wdsr.SampleError, match=r"'grey': hr.png is 8-bit grey, but this pipeline is 8-bit RGB"):
+        decode(grey_sample)
+    told = sr.decode_pair(scale=4, channels=3, bit_depth=8)  # given: even the first sample is checked
+    with pytest.raises(wdsr.SampleError, match="8-bit grey, but this pipeline is 8-bit RGB"):
+        told(grey_sample)
+    assert sr.decode_pair(scale=4, channels=1, verify=False)(grey_sample).hr.ndim == 2  # its json is the RGB one
+    for bad in ({"channels": 4}, {"bit_depth": True}, {"max_pixels": 0}, {"scale": 2.0}):
+        with pytest.raises(ValueError, match=f"decode_pair: {next(iter(bad))} must be"):
+            sr.decode_pair(**{"scale": 4, **bad})

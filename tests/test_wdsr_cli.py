@@ -1,4 +1,5 @@
 """wdsr bench / preview on real shards."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,27 @@ from wdsr.tools.preview import LABEL_H
 
 def test_bench_prints_table_and_compares(photo_shards, tmp_path, capsys):
     out = tmp_path / "b.json"
-    rc = main(["bench", str(photo_shards), "--workers", "1", "--patch-size", "32", "--scale", "2", "-k", "4",
-               "--batch-size", "4", "--seconds", "1", "--compare-naive", "--json", str(out)])
+    rc = main(
+        [
+            "bench",
+            str(photo_shards),
+            "--workers",
+            "1",
+            "--patch-size",
+            "32",
+            "--scale",
+            "2",
+            "-k",
+            "4",
+            "--batch-size",
+            "4",
+            "--seconds",
+            "1",
+            "--compare-naive",
+            "--json",
+            str(out),
+        ]
+    )
     text = capsys.readouterr().out
     assert rc == 0
     assert "patches/s" in text and "peak RSS/worker" in text and "wdsr / naive:" in text
@@ -27,8 +47,28 @@ def test_bench_prints_table_and_compares(photo_shards, tmp_path, capsys):
 def test_bench_with_a_decoded_cache_fills_it_then_decodes_nothing(photo_shards, tmp_path, capsys):
     out = tmp_path / "b.json"
     cache = tmp_path / "dc"
-    rc = main(["bench", str(photo_shards), "--workers", "1", "--patch-size", "32", "--scale", "2", "-k", "4",
-               "--batch-size", "4", "--seconds", "1", "--decoded-cache", str(cache), "--json", str(out)])
+    rc = main(
+        [
+            "bench",
+            str(photo_shards),
+            "--workers",
+            "1",
+            "--patch-size",
+            "32",
+            "--scale",
+            "2",
+            "-k",
+            "4",
+            "--batch-size",
+            "4",
+            "--seconds",
+            "1",
+            "--decoded-cache",
+            str(cache),
+            "--json",
+            str(out),
+        ]
+    )
     text = capsys.readouterr().out
     assert rc == 0 and f"decoded cache {cache}: 10 pairs written" in text
     row = json.loads(out.read_text())[0]
@@ -47,8 +87,9 @@ def test_preview_writes_lr_next_to_hr_under_its_key(photo_shards, tmp_path, caps
     assert (left[::4, ::4] == left[3::4, 3::4]).all()
     assert abs(left.mean() - right.mean()) < 8
     # each row's label is its key: the same key draws the same strip, another key another one
-    ds = SRDataset(str(photo_shards), scale=4, patch_size=32, patches_per_image=2, batch_size=6, shuffle_buffer=64,
-                   seed=0, return_keys=True)
+    ds = SRDataset(
+        str(photo_shards), scale=4, patch_size=32, patches_per_image=2, batch_size=6, shuffle_buffer=64, seed=0, return_keys=True
+    )
     keys = next(iter(ds))[2]
     strips = [img[i * row : i * row + LABEL_H] for i in range(6)]
     assert len(set(keys)) > 1
@@ -61,8 +102,31 @@ def test_preview_writes_lr_next_to_hr_under_its_key(photo_shards, tmp_path, caps
 def test_the_progress_bar_shows_the_loss_and_patches_per_s(photo_shards, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: rank 0 draws the tqdm bar
     out = tmp_path / "run"
-    rc = main(["train", "--data", str(photo_shards), "--out", str(out), "--model", "espcn", "--patch-size", "32",
-               "-k", "2", "--batch-size", "2", "--workers", "0", "--steps", "4", "--log-every", "2", "--val-every", "0"])
+    rc = main(
+        [
+            "train",
+            "--data",
+            str(photo_shards),
+            "--out",
+            str(out),
+            "--model",
+            "espcn",
+            "--patch-size",
+            "32",
+            "-k",
+            "2",
+            "--batch-size",
+            "2",
+            "--workers",
+            "0",
+            "--steps",
+            "4",
+            "--log-every",
+            "2",
+            "--val-every",
+            "0",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 0
     last = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x][-1]

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
+import operator
+import os
 from typing import Any
 
 from shardmaker import format as fmt
-from shardmaker.errors import OnError
+from shardmaker.errors import OnError, brief
 from wdsr.pipeline.decode import Verify
 from wdsr.pipeline.epoch import StreamConfig
 from wdsr.pipeline.patches import PatchConfig
@@ -18,6 +21,68 @@ from wdsr.store.remote import Retry
 class Split(str, enum.Enum):
     TRAIN = "train"
     VAL = "val"
+
+
+# The range of every number an SRDataset takes: one rule, used here and by ``wdsr train`` for its
+# flags and config files (in the flags' words). Seeds: what numpy's SeedSequence, torch.manual_seed
+# and wdsr.seeds all accept; sizes in bytes; the rest generous but finite (no value reaches numpy's
+# int64 or an allocation of its own size).
+LIMITS: dict[str, tuple[int, int]] = {
+    "scale": (1, 64),
+    "patch_size": (1, 1 << 16),
+    "patches_per_image": (1, 1 << 16),
+    "batch_size": (1, 1 << 16),
+    "shuffle_buffer": (0, 1 << 24),
+    "seed": (0, 2**63 - 1),
+    "min_patch_std": (0, 65535),
+    "max_tries": (1, 10**6),
+    "tile": (1, 1 << 20),
+    "tile_overlap": (0, 1 << 20),
+    "max_pixels": (1, 1 << 48),
+    "read_ahead": (0, 1024),
+    "cache_limit": (1, 1 << 60),
+    "decoded_cache_limit": (1, 1 << 60),
+}
+MAX_PATH_CHARS = 4096  # a folder or URL setting longer than this is refused (PATH_MAX)
+
+
+def check_number(label: str, value: Any, lo: float, hi: float, integer: bool, lo_open: bool = False) -> Any:
+    """``value`` as an int (``integer``) or a finite float in ``[lo, hi]`` (``(lo, hi]`` if ``lo_open``);
+    a ValueError naming ``label`` otherwise (bools are not numbers here)."""
+    kind = "an integer" if integer else "a finite number"
+    where = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]" if not integer else f"[{lo}, {hi}]"
+    bad = ValueError(f"{label} must be {kind} in {where}, got {brief(value)}")
+    if isinstance(value, bool):
+        raise bad
+    try:
+        number = operator.index(value) if integer else float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise bad from None
+    if not integer and not math.isfinite(number):
+        raise bad
+    if not (lo < number if lo_open else lo <= number) or not number <= hi:
+        raise bad
+    return number
+
+
+def _check_types(c: DatasetConfig) -> None:
+    """Every field of the right type and in range (a wrong type raises here, never later in a worker)."""
+    optional = ("min_patch_std", "tile", "cache_limit", "decoded_cache_limit")
+    for name, (lo, hi) in LIMITS.items():
+        value = getattr(c, name)
+        if value is None and name in optional:
+            continue
+        checked = check_number(name, value, lo, hi, integer=name != "min_patch_std")
+        object.__setattr__(c, name, checked)
+    for name in ("augment", "return_keys"):
+        if not isinstance(getattr(c, name), bool):
+            raise ValueError(f"{name} must be True or False, got {brief(getattr(c, name))}")
+    for name in ("cache_dir", "decoded_cache"):
+        value = getattr(c, name)
+        if value is not None and (not isinstance(value, (str, os.PathLike)) or len(os.fspath(value)) > MAX_PATH_CHARS):
+            raise ValueError(f"{name} must be a folder path of at most {MAX_PATH_CHARS} characters, got {brief(value)}")
+    if not isinstance(c.retry, Retry):
+        raise ValueError(f"retry must be a wdsr.Retry, got {brief(c.retry)}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -56,17 +121,14 @@ class DatasetConfig:
         for name, kind in (("split", Split), ("on_error", OnError), ("verify", Verify), ("fetch", Fetch)):
             value = getattr(self, name)
             try:
+                if not isinstance(value, str) or len(value) > 64:  # an enum's own lookup repr()s what it is given
+                    raise ValueError
                 object.__setattr__(self, name, kind(value))
             except ValueError:
-                raise ValueError(f"{name} must be one of {', '.join(m.value for m in kind)}, got {value!r}") from None
-        if self.patches_per_image < 1 or self.batch_size < 1:
-            raise ValueError("patches_per_image and batch_size must be >= 1")
+                raise ValueError(f"{name} must be one of {', '.join(m.value for m in kind)}, got {brief(value)}") from None
+        _check_types(self)
         if self.tile is not None and not 0 <= self.tile_overlap < self.tile:
             raise ValueError(f"tile_overlap must be in [0, tile), got {self.tile_overlap} for tile {self.tile}")
-        if self.read_ahead < 0:
-            raise ValueError(f"read_ahead must be >= 0, got {self.read_ahead}")
-        if self.decoded_cache_limit is not None and self.decoded_cache_limit <= 0:
-            raise ValueError(f"decoded_cache_limit must be a positive number of bytes, got {self.decoded_cache_limit}")
         if self.split is Split.TRAIN:
             self.patch_config()
 

@@ -13,6 +13,8 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
+import re
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -22,16 +24,24 @@ from torch.utils.data import IterableDataset
 
 from shardmaker import compat
 from shardmaker import format as fmt
-from shardmaker.errors import OnError
+from shardmaker.errors import OnError, brief
 from wdsr import env
 from wdsr.config import DatasetConfig, Split
 from wdsr.pipeline.batch import collate
-from wdsr.pipeline.decode import Verify
+from wdsr.pipeline.decode import Kind, Verify
 from wdsr.pipeline.elastic import ElasticPlan, elastic_plan
 from wdsr.pipeline.epoch import Slot, elastic_pass, train_pass
 from wdsr.pipeline.handoff import BatchPool
 from wdsr.pipeline.patches import too_small
-from wdsr.pipeline.plan import TrainPlan, mix_counts, mix_segments, slice_length, slot_batches, val_plan
+from wdsr.pipeline.plan import (
+    TrainPlan,
+    check_mix_segments,
+    mix_counts,
+    mix_segments,
+    slice_length,
+    slot_batches,
+    val_plan,
+)
 from wdsr.pipeline.read import ShardReader
 from wdsr.pipeline.source import ErrorPolicy, MixSource, Source
 from wdsr.pipeline.stats import SharedStats
@@ -90,7 +100,10 @@ class SRDataset(IterableDataset):
         else:
             if manifest is not None:
                 raise ValueError("manifest= names one dataset's manifest; a mix reads each folder's own")
+            _refuse_duplicates(folders)
             parts = [(f, fmt.load(f, storage_options, compact=True)) for f in folders]
+            _refuse_duplicates(folders, [m.digest for _, m in parts])
+        kind = Kind.of(parts)  # one for all sources of a mix: their batches are stacked together
         sources = []
         for folder, m in parts:
             if self.config.scale not in m.scales:
@@ -104,7 +117,7 @@ class SRDataset(IterableDataset):
             reader = ShardReader(folder, m, storage_options, self.config.read_config())
             cache = self._decoded_cache(m, parts)
             sources.append(
-                Source(reader, self.config.scale, self.config.verify, self.config.max_pixels, self.stats, errors, cache)
+                Source(reader, self.config.scale, self.config.verify, self.config.max_pixels, self.stats, errors, cache, kind)
             )
         self.url = parts[0][0]  # the (first) dataset folder
         self.reader = sources[0].reader
@@ -298,6 +311,33 @@ class Mix:
     weights: tuple[float, ...] | None
 
 
+def _dataset_identity(url: str) -> str:
+    """What a dataset folder URL names: a local path (plain or ``file://``) resolved (symlinks, ``..``,
+    trailing slashes), a remote URL with its protocol in lower case and its path without repeated or
+    trailing slashes. Two folders of one identity are one dataset."""
+    proto, sep, rest = url.partition("://")
+    if not sep or proto.lower() in ("file", "local"):
+        return os.path.realpath(rest if sep else url)
+    return f"{proto.lower()}://{re.sub('/+', '/', rest).strip('/')}"
+
+
+def _refuse_duplicates(folders: Sequence[str], digests: Sequence[str] | None = None) -> None:
+    """A mix names each dataset once: the same folder under two spellings (``file:///x``, ``/x/``, a
+    symlink), or (with ``digests``) two folders holding the same manifest, is refused rather than
+    counted twice; a larger weight says the same thing on purpose."""
+    seen: dict[str, int] = {}
+    for i, folder in enumerate(folders):
+        ident = _dataset_identity(folder) if digests is None else digests[i]
+        if ident in seen:
+            j = seen[ident]
+            what = "the same folder" if digests is None else "the same dataset (identical manifests)"
+            raise ValueError(
+                f"datasets {j} ({brief(folders[j])}) and {i} ({brief(folder)}) are {what}: a dataset given twice "
+                "would count twice; give it once, with a larger weight instead"
+            )
+        seen[ident] = i
+
+
 def _combine(
     parts: list[tuple[str, fmt.Manifest]], sources: list[Source], weights: Sequence[float] | None, epoch_samples: int | None
 ) -> tuple[fmt.Manifest, Source | MixSource, Mix | None]:
@@ -305,10 +345,9 @@ def _combine(
     source that reads them, and the mix (None for a single dataset)."""
     if len(parts) == 1 and weights is None and epoch_samples is None:
         return parts[0][1], sources[0], None
-    if epoch_samples is not None and epoch_samples < 1:
-        raise ValueError(f"epoch_samples must be >= 1, got {epoch_samples}")
     sizes = tuple(tuple(s.samples for s in m.shards) for _, m in parts)
     counts = tuple(mix_counts([m.samples for _, m in parts], weights, epoch_samples))
+    check_mix_segments(sizes, counts)  # the epoch's layout is bounded before it is ever made
     mix = Mix(tuple(f for f, _ in parts), sizes, counts, tuple(float(w) for w in weights) if weights is not None else None)
     codecs = sorted({m.codec for _, m in parts})
     doc = json.dumps({"mix": [m.digest for _, m in parts], "counts": counts, "weights": mix.weights}, sort_keys=True)

@@ -8,7 +8,11 @@ from typing import Any
 class SampleError(ValueError):
     """One sample (or a whole shard when ``key`` is None) cannot be used."""
 
-    def __init__(self, shard: str, key: str | None, reason: str) -> None:
+    def __init__(self, shard: str, key: str | None = None, reason: str | None = None) -> None:
+        if reason is None:  # one finished message: how torch re-raises a DataLoader worker's error
+            super().__init__(shard)
+            self.shard, self.key, self.reason = shard, key, shard
+            return
         where = shard if key is None else f"{shard} key {key!r}"
         super().__init__(f"{where}: {reason}")
         self.shard, self.key, self.reason = shard, key, reason

@@ -73,6 +73,7 @@ class SRLoader(DataLoader):
     def __init__(self, dataset: SRDataset, pool: BatchPool | None = None, pin_batches: bool = False, **kwargs: Any) -> None:
         # [epoch, batches handed out, elastic origin: old world, old workers, old batches (0: none)],
         # read by the (persistent) workers at each pass
+        kwargs["num_workers"] = state.check_workers(kwargs.get("num_workers", 0))
         control = torch.zeros(5, dtype=torch.int64).share_memory_()
         super().__init__(_Pass(dataset, control, pool), batch_size=None, **kwargs)
         self.sr_dataset = dataset
@@ -80,7 +81,8 @@ class SRLoader(DataLoader):
         self.epoch = 0  # of the current (or last) pass
         self._position = 0  # batches of that epoch handed to the trainer
         self._passes = 0
-        self._asked: int | None = dataset.requested_epoch  # set_epoch(), here or on the dataset
+        asked = dataset.requested_epoch  # set_epoch(), here or on the dataset
+        self._asked: int | None = None if asked is None else state.check_epoch(asked)
         self._resume: tuple[int, int, tuple[int, int, int] | None] | None = None
         self._origin: tuple[int, int, int] | None = None  # of the current pass, when it is an elastic one
         self.elastic_report: dict[str, int] | None = None  # what an elastic resume re-planned
@@ -96,7 +98,7 @@ class SRLoader(DataLoader):
 
     def set_epoch(self, epoch: int) -> None:
         """Run ``epoch`` at the next pass (shard order, patch positions)."""
-        self._asked = int(epoch)
+        self._asked = state.check_epoch(epoch)
 
     def _next_epoch(self) -> int:
         if self._asked is not None:
@@ -194,8 +196,7 @@ def make_loader(
     are all held sends its batch torch's way); False: torch's own path (a new shared-memory
     segment per batch), for comparison.
     """
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    num_workers = state.check_workers(num_workers)
     dataset.check_batches(num_workers)
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()

@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shardmaker.errors import brief
 from wdsr.config import Split
+from wdsr.pipeline.elastic import replan_limit
 from wdsr.pipeline.plan import whole_batches
 
 if TYPE_CHECKING:
@@ -31,6 +33,16 @@ MATCH = (  # settings that decide which batches an epoch has: a state resumes on
     "min_patch_std",
     "max_tries",
 )
+MAX_WORKERS = 1024  # DataLoader workers of one rank
+MAX_WORLD = 1 << 16  # ranks
+MAX_EPOCH = (1 << 31) - 1  # epochs travel to the workers as int64 and seed numpy: kept far from overflow
+MAX_BATCHES = 1 << 53  # a type check only: a position is then held to its pass's length
+FIELDS = {  # the integer fields of a state and their ranges (an elastic origin has all but the epoch)
+    "world_size": (1, MAX_WORLD),
+    "num_workers": (0, MAX_WORKERS),
+    "epoch": (0, MAX_EPOCH),
+    "batches": (0, MAX_BATCHES),
+}
 Origin = tuple[int, int, int]  # an elastic resume's old world size, old workers, batches per rank
 Position = tuple[int, int, "Origin | None"]  # epoch, batches of it handed out, elastic origin
 
@@ -72,10 +84,11 @@ def save(ds: SRDataset, num_workers: int, position: Position) -> dict[str, Any]:
 
 def restore(ds: SRDataset, num_workers: int, state: Any) -> Position:
     """Where a loader of ``ds`` with ``num_workers`` workers continues ``state``: checked field by
-    field, a change of world turned into an elastic origin, a finished epoch into the next one."""
+    field (types and ranges, so a hostile state cannot ask for unbounded work), a change of world
+    turned into an elastic origin, a finished epoch into the next one."""
     _check_fields(ds, state)
     epoch, done = state["epoch"], state["batches"]
-    origin = _elastic_origin(state)
+    origin = _elastic_origin(ds, state)
     same_world = (state["world_size"], state["num_workers"]) == (ds.world.size, num_workers)
     if not same_world and origin is not None:
         raise WorldChanged(
@@ -84,21 +97,47 @@ def restore(ds: SRDataset, num_workers: int, state: Any) -> Position:
             "is not supported"
         )
     if not same_world and done:
-        if type(state["world_size"]) is not int or type(state["num_workers"]) is not int or state["world_size"] < 1:
-            raise LoaderStateError("the loader state's world_size/num_workers must be integers")
-        old_len = max(1, state["num_workers"]) * ds.batches_per_worker(state["num_workers"], state["world_size"])
-        if done > old_len:
-            raise LoaderStateError(f"the loader state is {done} batches into an epoch of {old_len}")
-        if done < old_len:
-            origin, done = (state["world_size"], state["num_workers"], done), 0
+        old = (state["world_size"], state["num_workers"], done)
+        if done < _old_length(ds, old, "batches"):
+            _check_replan(ds, old, "world_size x num_workers")
+            origin, done = old, 0
         else:
             epoch, done = epoch + 1, 0
     length = pass_length(ds, num_workers, epoch, origin)
     if done > length:
-        raise LoaderStateError(f"the loader state is {done} batches into an epoch of {length}")
+        raise LoaderStateError(f"the loader state's batches is {done}, past the end of its epoch of {length} batches")
     if done == length:
         return epoch + 1, 0, None
     return epoch, done, origin
+
+
+def check_int(value: Any, name: str, lo: int, hi: int, error: type[ValueError] = ValueError) -> int:
+    """``value`` if it is an ``int`` (not a bool, a float or a string) in ``[lo, hi]``; else ``error``
+    naming ``name`` (the one rule for every count a loader is given)."""
+    if type(value) is not int or not lo <= value <= hi:
+        raise error(f"{name} must be an integer in [{lo}, {hi}], got {brief(value)}")
+    return value
+
+
+def check_workers(num_workers: Any) -> int:
+    """A loader's ``num_workers``: 0 (the main process) to ``MAX_WORKERS``."""
+    if isinstance(num_workers, np.integer):
+        num_workers = int(num_workers)
+    return check_int(num_workers, "num_workers", 0, MAX_WORKERS)
+
+
+def check_epoch(epoch: Any) -> int:
+    """An epoch asked for with ``set_epoch``: 0 to ``MAX_EPOCH`` (it travels to the workers as int64)."""
+    if isinstance(epoch, np.integer):
+        epoch = int(epoch)
+    return check_int(epoch, "epoch", 0, MAX_EPOCH)
+
+
+def _same(saved: Any, mine: Any) -> bool:
+    """A saved setting equals this loader's: a scalar of the same kind (``True`` is not ``1``)."""
+    return (
+        type(saved) in (bool, int, float, str, type(None)) and isinstance(saved, bool) == isinstance(mine, bool) and saved == mine
+    )
 
 
 def _check_fields(ds: SRDataset, state: Any) -> None:
@@ -109,44 +148,71 @@ def _check_fields(ds: SRDataset, state: Any) -> None:
     if missing:
         raise LoaderStateError(f"the loader state lacks {', '.join(missing)} (truncated, or not a wdsr loader state)")
     if state["format"] != STATE_FORMAT:
-        raise LoaderStateError(f"loader state format {state['format']!r}; this wdsr reads {STATE_FORMAT!r}")
+        raise LoaderStateError(f"loader state format {brief(state['format'])}; this wdsr reads {STATE_FORMAT!r}")
     if state.get("patch_draws") != PATCH_DRAWS:
         log.warning(
             "the loader state was saved by a wdsr that drew patch positions another way (%s); the run "
             "continues at the same batch with the same images, but the rest of this epoch cuts other patches "
             "than that version would have",
-            state.get("patch_draws", "numpy PCG64"),
+            brief(state["patch_draws"]) if "patch_draws" in state else "numpy PCG64",
         )
     if state["dataset"] != ds.identity:
         raise LoaderStateError(
-            f"the loader state is from another dataset (manifest sha256 {str(state['dataset'])[:12]}..., "
+            f"the loader state is from another dataset (manifest sha256 {brief(state['dataset'], 16)}, "
             f"{ds.url} has {ds.identity[:12]}...)"
         )
     for name in MATCH:
-        if state[name] != getattr(ds.config, name):
-            raise LoaderStateError(f"the loader state has {name}={state[name]!r}, this loader {getattr(ds.config, name)!r}")
-    epoch, done = state["epoch"], state["batches"]
-    if type(epoch) is not int or type(done) is not int or epoch < 0 or done < 0:
-        raise LoaderStateError(f"the loader state's epoch/batches must be integers >= 0, got {epoch!r}/{done!r}")
+        if not _same(state[name], getattr(ds.config, name)):
+            raise LoaderStateError(f"the loader state has {name}={brief(state[name])}, this loader {getattr(ds.config, name)!r}")
+    for name, (lo, hi) in FIELDS.items():
+        check_int(state[name], f"the loader state's {name}", lo, hi, LoaderStateError)
 
 
-def _elastic_origin(state: dict[str, Any]) -> Origin | None:
+def _elastic_origin(ds: SRDataset, state: dict[str, Any]) -> Origin | None:
     if "elastic" not in state:
         return None
     e = state["elastic"]
-    if not isinstance(e, dict) or any(type(e.get(n)) is not int or e[n] < 0 for n in ("world_size", "num_workers", "batches")):
-        raise LoaderStateError(f"the loader state's elastic origin is malformed: {e!r}")
-    return e["world_size"], e["num_workers"], e["batches"]
+    if not isinstance(e, dict):
+        raise LoaderStateError(f"the loader state's elastic origin is malformed: {brief(e)}, not a dict")
+    for name in ("world_size", "num_workers", "batches"):
+        if name not in e:
+            raise LoaderStateError(f"the loader state's elastic origin is malformed: it lacks {name}")
+        check_int(e[name], f"the loader state's elastic.{name}", *FIELDS[name], LoaderStateError)
+    origin = e["world_size"], e["num_workers"], e["batches"]
+    _old_length(ds, origin, "elastic.batches")
+    _check_replan(ds, origin, "elastic.world_size x elastic.num_workers")  # the pass re-plans from it, finished or not
+    return origin
+
+
+def _old_length(ds: SRDataset, origin: Origin, batches: str) -> int:
+    """Batches per rank of an epoch of the old world ``origin``, which it cannot have run past."""
+    old_len = max(1, origin[1]) * ds.batches_per_worker(origin[1], origin[0])
+    if origin[2] > old_len:
+        raise LoaderStateError(f"the loader state's {batches} is {origin[2]}, past the end of its epoch of {old_len} batches")
+    return old_len
+
+
+def _check_replan(ds: SRDataset, origin: Origin, world: str) -> None:
+    """An elastic re-plan from ``origin`` replays every old slot: work in proportion to the
+    dataset, not to a number in the state (:func:`wdsr.pipeline.elastic.replan_limit`)."""
+    slots = origin[0] * max(1, origin[1])
+    bound = replan_limit(ds.epoch_samples)
+    if slots > bound:
+        raise LoaderStateError(
+            f"the loader state's {world} is {origin[0]} x {origin[1]} = {slots} slots; an elastic resume of this "
+            f"dataset re-plans from at most {bound}"
+        )
 
 
 def report(plan: ElasticPlan, k: int) -> dict[str, int]:
     """Counts of an elastic re-plan: remaining patches and images, images partly consumed, dropped patches."""
-    if not len(plan.items):
+    items = plan.items  # every old slot replayed: once
+    if not len(items):
         return {"patches": 0, "images": 0, "partial_images": 0, "per_slot": 0, "dropped": 0}
-    ids = plan.items[:, 0] * (1 << 40) + plan.items[:, 1] // k
+    ids = items[:, 0] * (1 << 40) + items[:, 1] // k
     _, counts = np.unique(ids, return_counts=True)
     return {
-        "patches": int(len(plan.items)),
+        "patches": int(len(items)),
         "images": int(len(counts)),
         "partial_images": int((counts < k).sum()),
         "per_slot": int(plan.per_slot),

@@ -30,9 +30,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from shardmaker import format as fmt
+from shardmaker.errors import brief
 from wdsr.errors import SampleError
 from wdsr.pipeline.batch import collate
-from wdsr.pipeline.decode import DecodedPair, Verify, check_digests, decode_members
+from wdsr.pipeline.decode import DecodedPair, Kind, Verify, check_digests, check_headers, decode_members
 from wdsr.pipeline.patches import Patch, PatchConfig, cut_patches
 
 
@@ -53,29 +54,40 @@ def decode_pair(
     lr: str | None = None,
     verify: bool = True,
     max_pixels: int = fmt.DEFAULT_MAX_PIXELS,
+    channels: int | None = None,
+    bit_depth: int | None = None,
 ) -> Callable[[dict[str, Any]], DecodedPair]:
     """A ``wds.map`` function: a sample dict -> the decoded, aligned pair.
 
     ``hr``/``lr`` name the members (default: ``hr.*`` and ``lr_x{scale}.*``, as in our shards). An
     HR whose size is not ``scale`` x LR is cropped to it when it is at most ``scale - 1`` pixels
-    larger (a mod-crop), else refused. With ``verify`` and a ``json`` member carrying ``xxh3_64``
-    digests (our shards), the members are checked first.
+    larger (a mod-crop), else refused. The headers are checked before anything is decoded (sizes,
+    scale, ``max_pixels``, and the kind: ``channels`` 1|3 and ``bit_depth`` 8|16 where given, else
+    the first sample each process decodes fixes them, so a batch never mixes kinds). With ``verify``
+    and a ``json`` member carrying ``xxh3_64`` digests (our shards), the members are checked next.
     """
+    if type(scale) is not int or scale < 1:
+        raise ValueError(f"decode_pair: scale must be an int >= 1, got {brief(scale)}")
+    if type(max_pixels) is not int or max_pixels < 1:
+        raise ValueError(f"decode_pair: max_pixels must be an int >= 1, got {brief(max_pixels)}")
+    for field, value, allowed in (("channels", channels, (1, 3)), ("bit_depth", bit_depth, (8, 16))):
+        if value is not None and (type(value) is not int or value not in allowed):
+            raise ValueError(f"decode_pair: {field} must be one of {allowed} or None, got {brief(value)}")
+    kind = Kind("this pipeline", channels, bit_depth, channels is not None and bit_depth is not None)
 
     def fn(sample: dict[str, Any]) -> DecodedPair:
         url, key = str(sample.get("__url__", "?")), str(sample.get("__key__", "?"))
-        hr_name = _member(sample, hr, "hr.")
-        lr_name = _member(sample, lr, f"lr_x{scale}.")
+        names = (_member(sample, hr, "hr."), _member(sample, lr, f"lr_x{scale}."))
+        hr_head, _ = check_headers(url, key, sample, names, scale, max_pixels, kind=kind)
         if verify and isinstance(sample.get("json"), (bytes, bytearray)):
             try:
                 meta = json.loads(sample["json"])
             except (ValueError, RecursionError):
                 meta = None  # another tool's json: nothing of ours to check
             if isinstance(meta, dict) and ("xxh3_64" in meta or "sha256" in meta):  # our shards' {key}.json
-                check_digests(url, key, sample, meta, (hr_name, lr_name), Verify.XXH3)
-        hr_img, lr_img = decode_members(url, key, sample, hr_name, lr_name, scale)
-        if hr_img.shape[0] * hr_img.shape[1] > max_pixels:
-            raise SampleError(url, key, f"HR {hr_img.shape[1]}x{hr_img.shape[0]} is over max_pixels={max_pixels}")
+                check_digests(url, key, sample, meta, names, Verify.XXH3)
+        hr_img, lr_img = decode_members(url, key, sample, *names, scale, max_pixels)
+        kind.fix(key, hr_head)
         return DecodedPair(url, key, 0, hr_img, lr_img, 0, 0)
 
     return fn

@@ -9,7 +9,7 @@ from typing import Any
 
 from shardmaker import storage
 from shardmaker.errors import BuildError
-from shardmaker.format.manifest import MANIFEST, Manifest, ManifestError, shard_path
+from shardmaker.format.manifest import MANIFEST, Manifest, ManifestError, Skips, kind_text, shard_path
 from shardmaker.format.manifest import parse as parse_manifest
 
 log = logging.getLogger("shardmaker.builder")
@@ -33,6 +33,12 @@ def merge_when_ready(
                 raise PartsPending(f"{exc} (waited {wait_s:g} s)") from None
             log.info("%s; checking again in %g s", exc, poll_s)
             time.sleep(poll_s)
+
+
+def _kind(channels: int | None, bit_depth: int | None) -> str:
+    if channels is None or bit_depth is None:
+        return "images of an unrecorded kind (an older shardmaker built it)"
+    return f"{kind_text(channels, bit_depth)} images"
 
 
 def merge(out_url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
@@ -71,6 +77,14 @@ def merge(out_url: str, storage_options: dict[str, Any] | None = None) -> Manife
     for pm in manifests[1:]:
         if (pm.codec, pm.scales, pm.lr_method) != (first.codec, first.scales, first.lr_method):
             raise BuildError(f"{out_url}: parts disagree on codec/scales/lr_method")
+    kinds = {(pm.channels, pm.bit_depth): i for i, pm in reversed(list(enumerate(manifests))) if pm.shards}
+    if len(kinds) > 1:
+        (a, i), (b, j) = sorted(kinds.items(), key=lambda kv: kv[1])[:2]
+        raise BuildError(
+            f"{out_url}: part {i} holds {_kind(*a)}, part {j} {_kind(*b)}; one dataset holds one kind "
+            "(convert the odd sources, or build them as another dataset and mix the two)"
+        )
+    channels, bit_depth = next(iter(kinds), (None, None))
     shards = [s for pm in manifests for s in pm.shards]
     for s in shards:
         try:
@@ -79,7 +93,10 @@ def merge(out_url: str, storage_options: dict[str, Any] | None = None) -> Manife
             raise BuildError(f"{out_url}: shard {s.name} listed by a part manifest is missing") from None
         if size != s.bytes:
             raise BuildError(f"{out_url}: shard {s.name} has {size} bytes, its part manifest says {s.bytes}")
-    build_info = dict(first.build, part=None, parts=total, skipped=[x for m in manifests for x in m.build.get("skipped", [])])
-    merged = Manifest(first.codec, first.scales, first.lr_method, shards, build_info)
+    skips = Skips()
+    for pm in manifests:
+        skips.extend(pm.build)
+    build_info = dict(first.build, part=None, parts=total, **skips.to_build())
+    merged = Manifest(first.codec, first.scales, first.lr_method, shards, build_info, channels=channels, bit_depth=bit_depth)
     storage.write_atomic(fs, storage.join(root, MANIFEST), merged.dumps())
     return merged

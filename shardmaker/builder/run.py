@@ -6,6 +6,10 @@ Order of events (what makes it crash-safe):
    ``_build/``; rename the shard to its final name;
 3. write ``manifest.json`` (or the part manifest) last, atomically; drop ``_build/``.
 A rerun finds the recorded, complete shards, keeps them, and continues after them.
+
+One dataset holds one kind of image: the first written sample's channels and bit depth are the
+manifest's ``channels`` and ``bit_depth``; a source of another kind (a grey photo among RGB ones,
+16-bit among 8-bit) is a bad input (``--on-error``), as is one whose key the format refuses.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import concurrent.futures as cf
 import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import logging
 import multiprocessing
@@ -38,8 +43,9 @@ from shardmaker.builder.output import Output
 from shardmaker.builder.sample import EncodedSample, LrMethod, encode_or_skip
 from shardmaker.builder.sources import Pair, Skipped, scan_sources
 from shardmaker.builder.writer import ShardWriter
-from shardmaker.errors import BuildError, OnError
-from shardmaker.format.manifest import FORMAT, MANIFEST, Manifest, ManifestError, ShardInfo
+from shardmaker.errors import BuildError, InputError, OnError, brief
+from shardmaker.format import tario
+from shardmaker.format.manifest import FORMAT, MANIFEST, Manifest, ManifestError, ShardInfo, Skips, key_problem, kind_text
 from shardmaker.format.manifest import parse as parse_manifest
 
 log = logging.getLogger("shardmaker.builder")
@@ -51,7 +57,8 @@ def _content_hashes(pairs: list[Pair], opts: BuildConfig) -> list[str]:
     for p in tqdm(pairs, desc="hash sources", unit="img", disable=not opts.progress):
         h = hashlib.sha256()
         for url in [p.hr] + [u for _, u, _ in p.lr]:
-            with fsspec.open(url, "rb", **opts.sample.storage_options) as f:
+            fs, path = fsspec.core.url_to_fs(url, **opts.sample.storage_options)
+            with storage.open_input(fs, path) as f:
                 for block in iter(lambda: f.read(1 << 22), b""):
                     h.update(block)
         out.append(h.hexdigest())
@@ -133,9 +140,66 @@ def _encoded(todo: list[Pair], opts: BuildConfig) -> Generator[EncodedSample | S
                 fut.cancel()
 
 
-def _manifest(opts: BuildConfig, fp: str, shards: list[ShardInfo], skipped: list[Skipped], n_total: int) -> Manifest:
+def _good_keys(pairs: list[Pair], on_error: OnError) -> tuple[list[Pair], list[Skipped]]:
+    """The pairs whose key the format takes; the others refused (``fail``) or skipped, with the reason."""
+    good, skipped = [], []
+    for p in pairs:
+        why = key_problem(p.key)
+        if why is None:
+            good.append(p)
+        elif on_error is OnError.SKIP:
+            skipped.append(Skipped(p.hr, f"its key {brief(p.key)} {why}"))
+        else:
+            raise InputError(p.hr, f"its key {brief(p.key)} {why} (--on-error skip leaves it out)")
+    return good, skipped
+
+
+def _log_skips(skipped: list[Skipped]) -> None:
+    skips = Skips(log)
+    for s in skipped:
+        skips.add({}, s.reason, s.path)
+    skips.summarise()
+
+
+def _kind_of(tar_bytes: bytes) -> tuple[int, int]:
+    """``(channels, bit_depth)`` of an encoded sample, from its ``{key}.json`` (its first member)."""
+    first = next(tario.iter_entries(io.BytesIO(tar_bytes), limit=len(tar_bytes)))
+    meta = json.loads(first.data)
+    return int(meta["channels"]), int(meta["bit_depth"])
+
+
+def _kept_kind(out: Output, shards: list[ShardInfo]) -> tuple[int, int] | None:
+    """The kind of the samples in shards kept from an earlier run: their first sample's."""
+    if not shards:
+        return None
+    with out.fs.open(out.path(shards[0].name), "rb") as f:
+        data = f.read(min(shards[0].bytes, 1 << 16))
+    return _kind_of(data + tario.END_OF_ARCHIVE)
+
+
+def _of_kind(
+    item: EncodedSample, path: str, kind: tuple[int, int] | None, opts: BuildConfig
+) -> tuple[tuple[int, int], EncodedSample | Skipped]:
+    """``(the dataset's kind, item)`` where ``item`` is of that kind (the first sample's, when ``kind`` is
+    None); else a ``Skipped`` in its place (``skip``) or an ``InputError``."""
+    got = _kind_of(item.tar_bytes)
+    kind = kind or got
+    if got == kind:
+        return kind, item
+    why = f"is {kind_text(*got)}, the dataset {kind_text(*kind)} (its first sample's kind); one dataset holds one kind"
+    if opts.on_error is OnError.SKIP:
+        return kind, Skipped(path, why)
+    raise InputError(path, f"{why} (--on-error skip leaves it out)")
+
+
+def _manifest(
+    opts: BuildConfig, fp: str, shards: list[ShardInfo], skipped: list[Skipped], n_total: int, kind: tuple[int, int] | None
+) -> Manifest:
     cfg = opts.sample
     scales = sorted(cfg.scales)
+    skips = Skips()
+    for s in skipped:
+        skips.add(dataclasses.asdict(s), s.reason, s.path, logged=False)
     return Manifest(
         codec=cfg.codec.value,
         scales=scales,
@@ -151,8 +215,10 @@ def _manifest(opts: BuildConfig, fp: str, shards: list[ShardInfo], skipped: list
             "mod_crop": cfg.mod_crop,
             "part": list(opts.part) if opts.part else None,
             "sources": n_total,
-            "skipped": [dataclasses.asdict(s) for s in skipped],
+            **skips.to_build(),
         },
+        channels=kind[0] if kind else None,
+        bit_depth=kind[1] if kind else None,
     )
 
 
@@ -163,6 +229,11 @@ def build(opts: BuildConfig) -> BuildResult:
     pairs, skipped_scan = scan_sources(
         _hr_sources(opts), opts.lr_srcs, opts.sample.mod_crop, opts.on_error, opts.sample.storage_options, opts.lr_pattern
     )
+    pairs, bad_keys = _good_keys(pairs, opts.on_error)
+    _log_skips(skipped_scan + bad_keys)
+    if not pairs and bad_keys:
+        raise BuildError(f"{', '.join(_hr_sources(opts))}: every source was skipped; nothing to write")
+    skipped_scan += bad_keys
     if opts.lr_srcs:
         scales = tuple(s for s, _, _ in pairs[0].lr)
         if opts.sample.scales and set(opts.sample.scales) != set(scales):
@@ -215,13 +286,16 @@ def _build_locked(opts: BuildConfig, out: Output, pairs: list[Pair], skipped_sca
     encoded: Generator[EncodedSample | Skipped, None, None] | None = None
     written = 0
     t_start = time.perf_counter()
+    kind, skips = _kept_kind(out, shards), Skips(log)
     try:
         index = start
         encoded = _encoded(todo, opts)
         for item in encoded:
             index += 1
+            if isinstance(item, EncodedSample):
+                kind, item = _of_kind(item, todo[index - start - 1].hr, kind, opts)
             if isinstance(item, Skipped):
-                log.warning("skipping %s: %s", item.path, item.reason)
+                skips.add({}, item.reason, item.path)
                 skipped.append(item)
             else:
                 size = len(item.tar_bytes)
@@ -252,13 +326,14 @@ def _build_locked(opts: BuildConfig, out: Output, pairs: list[Pair], skipped_sca
         if encoded is not None:
             encoded.close()  # on an error: shut the encoding processes down now, not at garbage collection
         bar.close()
+        skips.summarise()
     if not shards and todo_all:
         raise BuildError(f"{', '.join(_hr_sources(opts))}: every sample was skipped; nothing to write")
     if not todo_all and opts.part is not None:
         log.warning("part %d/%d has no samples (more parts than images); writing an empty part", *opts.part)
     scan_skips = skipped_scan if opts.part is None or opts.part[0] == 0 else []  # listed once
     skipped_all = scan_skips + skipped
-    manifest = _manifest(opts, fp, shards, skipped_all, len(pairs))
+    manifest = _manifest(opts, fp, shards, skipped_all, len(pairs), kind)
     try:
         storage.write_atomic(out.fs, manifest_path, manifest.dumps())
     except OSError as exc:

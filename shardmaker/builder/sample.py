@@ -9,11 +9,11 @@ import json
 import posixpath
 from typing import Any
 
-import fsspec
 import numpy as np
 import xxhash
+from fsspec.core import url_to_fs
 
-from shardmaker import compat
+from shardmaker import compat, storage
 from shardmaker.builder.sources import Pair, Skipped
 from shardmaker.errors import InputError, OnError
 from shardmaker.format import tario
@@ -68,8 +68,11 @@ class EncodedSample:
 
 
 def _read(url: str, storage_options: dict[str, Any]) -> bytes:
+    """A source file's bytes; a local one must be a regular file (``InputError`` naming it if it is a
+    FIFO, device or folder: never blocks)."""
     try:
-        with fsspec.open(url, "rb", **storage_options) as f:
+        fs, path = url_to_fs(url, **storage_options)
+        with storage.open_input(fs, path) as f:
             return f.read()
     except OSError as exc:
         raise InputError(url, f"cannot read ({exc})") from None

@@ -19,11 +19,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import fsspec
-from braceexpand import braceexpand
 from fsspec.core import url_to_fs
 
 from shardmaker import storage
 from shardmaker.errors import InputError, OnError
+from shardmaker.format import patterns
 from shardmaker.imaging import codecs
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ def scan_sources(
     fs = None
     for src in hr_srcs:
         if "{" in src:
-            files = list(braceexpand(src))
+            files = patterns.expand_braces(src)  # counted first: refused above MAX_NAMES
             fs2, _ = url_to_fs(files[0], **(storage_options or {}))
             paths = [url_to_fs(f, **(storage_options or {}))[1] for f in files]
             parents = {posixpath.dirname(pp) for pp in paths}
@@ -184,7 +184,7 @@ def header_size(fs: fsspec.AbstractFileSystem, path: str, ext: str | None = None
     """Image ``(w, h)`` from its header: the first 64 KiB, or the whole file if needed (TIFF).
     With ``ext``, the content must be of the format the extension names."""
     try:
-        with fs.open(path, "rb") as f:
+        with storage.open_input(fs, path) as f:  # a FIFO or device swapped in since the scan: InputError, no wait
             head = f.read(1 << 16)
             try:
                 return codecs.image_size(head, ext)
@@ -226,7 +226,7 @@ class _Collector:
     def problem(self, path: str, reason: str) -> None:
         if not self.skip:
             raise InputError(path, reason)
-        log.warning("skipping %s: %s", path, reason)
+        log.debug("skipping %s: %s", path, reason)  # logged by the build, a few per reason (format.manifest.Skips)
         self.skipped.append(Skipped(path, reason))
 
 

@@ -13,6 +13,8 @@ Everything read from a dataset passes through here and trusts nothing it reads:
 * :mod:`.tiles` -- tiled image members (header, tile index, independent tiles): counts, offsets and
   lengths checked against the member's bytes, each tile's header against its box
   (:class:`TileFormatError`).
+* :mod:`.patterns` -- brace patterns of shard URLs, counted before they are expanded (as
+  ``braceexpand`` does), refused above :data:`MAX_NAMES` (:class:`PatternError`).
 
 Readers turn these into ``wdsr.SampleError`` (shard, key, reason); messages never quote file bytes.
 """
@@ -20,6 +22,7 @@ Readers turn these into ``wdsr.SampleError`` (shard, key, reason); messages neve
 from shardmaker.format import tiles
 from shardmaker.format.headers import DEFAULT_MAX_PIXELS, HeaderError, ImageHeader, check_pair, image_header
 from shardmaker.format.manifest import Manifest, ShardInfo, load, locate, parse
+from shardmaker.format.patterns import MAX_NAMES, PatternError, count_braces, expand_braces
 from shardmaker.format.schema import (
     FORMAT,
     JSON_MEMBER,
@@ -42,14 +45,18 @@ __all__ = [
     "ImageHeader",
     "JSON_MEMBER",
     "MANIFEST",
+    "MAX_NAMES",
     "Manifest",
     "ManifestError",
+    "PatternError",
     "ShardInfo",
     "TarFormatError",
     "TileFormatError",
     "TiledHeader",
     "check_pair",
     "check_shard_name",
+    "count_braces",
+    "expand_braces",
     "hr_member",
     "image_header",
     "iter_entries",

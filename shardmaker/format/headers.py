@@ -16,6 +16,13 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 QOI_MAGIC = b"qoif"
 DEFAULT_MAX_PIXELS = 1 << 28  # 268 M pixels: 16384 x 16384
 _PNG_COLOUR = {0: "grey", 2: "RGB", 3: "palette", 4: "grey+alpha", 6: "RGBA"}
+HEAD_BYTES = 1 << 20  # a member's first bytes that hold its header (a JPEG's frame header may follow 64 KiB segments)
+# The largest member an image of N pixels can honestly be: its raw pixels (at the codec's widest:
+# 16-bit RGB PNG, QOI's 5-byte RGBA op, ...) times a factor for encoding overhead, plus slack for
+# metadata (EXIF, ICC, text chunks). Anything larger is not an image of that size, and is never read whole.
+MEMBER_FACTOR = 2
+MEMBER_SLACK = 16 << 20
+_WIDEST = {"png": 6, "qoi": 5, "jpg": 3, "jpeg": 3, "webp": 4}  # bytes per pixel at the codec's widest
 
 
 class HeaderError(ValueError):
@@ -94,6 +101,8 @@ def jpeg_header(data: bytes | memoryview) -> ImageHeader:
                 raise HeaderError(f"JPEG of {w}x{h} pixels")
             return ImageHeader(w, h, comps, 8)
         i += 2 + length
+    if i + 4 > n and n >= HEAD_BYTES:
+        raise HeaderError(f"JPEG without a frame header in its first {n} bytes")
     raise HeaderError("not a JPEG (no frame header before the image data)")
 
 
@@ -138,6 +147,16 @@ def image_header(data: bytes | memoryview, ext: str) -> ImageHeader:
     if parse is None:
         raise HeaderError(f"no decoder for .{ext} members")
     return parse(data)
+
+
+def member_limit(ext: str, pixels: int, head: ImageHeader | None = None) -> int:
+    """The most bytes a ``.{ext}`` member of at most ``pixels`` pixels may have (of ``head``'s size and
+    kind when its header is known): a larger one is refused before it is read."""
+    if head is None:
+        per = _WIDEST.get(ext.rsplit(".", 1)[-1].lower(), 6)
+    else:
+        pixels, per = head.pixels, max(head.channels, 3 if ext.endswith("qoi") else 1) * head.bit_depth // 8 + 2
+    return MEMBER_FACTOR * pixels * per + MEMBER_SLACK
 
 
 def check_pair(

@@ -9,6 +9,8 @@ import builtins
 import dataclasses
 import hashlib
 import json
+import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,6 +42,7 @@ from shardmaker.format.schema import (
     codec_of,
     hr_member,
     int_field,
+    key_problem,
     list_field,
     lr_member,
     pair_fits,
@@ -58,6 +61,7 @@ __all__ = [
     "JSON_MEMBER",
     "KEY",
     "KeyColumn",
+    "OTHER_REASONS",
     "LR_METHODS",
     "MANIFEST",
     "MAX_MANIFEST_BYTES",
@@ -73,12 +77,17 @@ __all__ = [
     "PROBE_BYTES",
     "SHA256",
     "SHARD_NAME",
+    "SKIP_EXAMPLES",
+    "SKIP_LOGGED",
     "ShardInfo",
+    "Skips",
     "XXH3",
     "check_shard_name",
     "codec_of",
     "hr_member",
     "int_field",
+    "key_problem",
+    "kind_text",
     "list_field",
     "load",
     "locate",
@@ -87,6 +96,7 @@ __all__ = [
     "parse",
     "probe_file",
     "probe_of",
+    "reason_class",
     "sample_members",
     "shard_path",
     "str_field",
@@ -158,15 +168,9 @@ class ShardInfo:
         indexed = "members" in d
         keys = list_field(d["keys"], where, f"{f}.keys", samples)
         for i, k in enumerate(keys):
-            if indexed:
-                if not isinstance(k, str) or not INDEX_KEY.fullmatch(k) or any(p in (".", "..") for p in k.split("/")):
-                    raise ManifestError(
-                        where, f"{f}.keys[{i}]", "must be a relative path without control characters, empty, '.' or '..' segments"
-                    )
-            elif not isinstance(k, str) or not KEY.fullmatch(k):
-                raise ManifestError(
-                    where, f"{f}.keys[{i}]", "must be a relative path without dots, control characters or empty segments"
-                )
+            why = key_problem(k, dots=indexed)
+            if why is not None:
+                raise ManifestError(where, f"{f}.keys[{i}]", f"a key {why}")
         offsets = list_field(d["offsets"], where, f"{f}.offsets", samples)
         prev = -1
         for i, o in enumerate(offsets):
@@ -333,6 +337,77 @@ class Manifest:
 
 
 KINDS = {"channels": (1, 3), "bit_depth": (8, 16)}  # what a sample may decode to
+
+
+def kind_text(channels: int | None, bit_depth: int | None) -> str:
+    """``8-bit RGB``, ``16-bit grey``: a dataset's or a sample's kind in a message."""
+    name = {1: "grey", 3: "RGB"}.get(channels or 0, f"{channels}-channel")
+    return f"{bit_depth}-bit {name}"
+
+
+# ---- build.skipped: what a build or an index left out, bounded ---------------------------------
+SKIP_EXAMPLES = 100  # entries build.skipped lists by name; build.skipped_reasons counts them all
+SKIP_LOGGED = 5  # warnings logged per reason; then one summary line per reason
+SKIP_REASONS = 64  # reasons counted apart; the rest under OTHER_REASONS
+OTHER_REASONS = "other reasons"
+_PARTICULARS = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"|\d+")
+
+
+def reason_class(reason: str) -> str:
+    """A skip reason without its particulars (numbers, quoted names): what skips are counted by."""
+    return _PARTICULARS.sub("#", reason)[:200]
+
+
+class Skips:
+    """The record of what was skipped, bounded whatever the count: ``build.skipped`` (the first
+    :data:`SKIP_EXAMPLES` entries), ``build.skipped_count`` and ``build.skipped_reasons`` (a count per
+    reason class). Logs the first :data:`SKIP_LOGGED` of each reason; :meth:`summarise` the rest."""
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self.count = 0
+        self.reasons: dict[str, int] = {}
+        self.first: list[dict[str, Any]] = []
+        self._log = logger
+
+    def add(self, entry: dict[str, Any], reason: str, where: str, logged: bool = True) -> None:
+        """One more skip: ``entry`` as the manifest lists it, ``where`` (shard and key, or path) for the log."""
+        self.count += 1
+        c = reason_class(reason)
+        if c not in self.reasons and len(self.reasons) >= SKIP_REASONS:
+            c = OTHER_REASONS
+        n = self.reasons[c] = self.reasons.get(c, 0) + 1
+        if len(self.first) < SKIP_EXAMPLES:
+            self.first.append(entry)
+        if self._log is not None and logged and n <= SKIP_LOGGED:
+            more = " (further skips for this reason are only counted)" if n == SKIP_LOGGED else ""
+            self._log.warning("skipping %s: %s%s", where, reason, more)
+
+    def summarise(self) -> None:
+        """One line per reason skipped more often than was logged."""
+        for c, n in self.reasons.items():
+            if self._log is not None and n > SKIP_LOGGED:
+                self._log.warning("skipped %d in all for: %s", n, c)
+
+    def extend(self, build: dict[str, Any]) -> None:
+        """Add another record's skips (a part manifest's ``build``; one before these fields: a plain list)."""
+        listed = build.get("skipped", [])
+        listed = listed if type(listed) is list else []
+        count = build.get("skipped_count", len(listed))
+        reasons = build.get("skipped_reasons")
+        if type(reasons) is not dict:
+            reasons = {}
+            for x in listed:
+                r = reason_class(str(x.get("reason", ""))) if type(x) is dict else OTHER_REASONS
+                reasons[r] = reasons.get(r, 0) + 1
+        self.count += count if type(count) is int and count >= 0 else len(listed)
+        for c, n in reasons.items():
+            c = c if c in self.reasons or len(self.reasons) < SKIP_REASONS else OTHER_REASONS
+            self.reasons[c] = self.reasons.get(c, 0) + (n if type(n) is int and n > 0 else 0)
+        self.first += listed[: SKIP_EXAMPLES - len(self.first)]
+
+    def to_build(self) -> dict[str, Any]:
+        """The fields of a manifest's ``build``."""
+        return {"skipped": list(self.first), "skipped_count": self.count, "skipped_reasons": dict(self.reasons)}
 
 
 def _kind_field(d: dict[str, Any], key: str, where: str) -> int | None:

@@ -44,13 +44,18 @@ MAX_SAMPLES = 1 << 24  # per shard
 MAX_MANIFEST_BYTES = 1 << 30
 # A shard name: one path component, no "..", no leading dot; the shard URL is always dataset + "/" + name.
 SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,250}\.tar")
-# A key: the source's relative path without extension, dots replaced by "_": "/"-separated
-# segments without dots, control characters or empty segments.
-KEY = re.compile(r"[^\x00-\x1f\x7f./]{1,255}(/[^\x00-\x1f\x7f./]{1,255}){0,31}")
+# A key: the source's relative path without extension, dots replaced by "_": up to 32 "/"-separated
+# segments of 1-255 characters, without dots, control characters (C0, DEL, C1) or backslashes, and
+# without white space at either end of a segment (a name that looks like another, or that Windows
+# or a shell changes). :func:`key_problem` says which rule a key breaks.
+_SEGMENT = r"(?![\s])[^\x00-\x1f\x7f-\x9f\\/%s]{1,255}(?<![\s])"
+KEY = re.compile(r"{s}(/{s}){{0,31}}".format(s=_SEGMENT % "."))
 SHA256 = re.compile(r"[0-9a-f]{64}")
 # Indexes of foreign shards (``shardmaker index``): keys as the other tool wrote them, dots allowed
 # (no "." or ".." segment); member names like "hr.png", "jpg", "x4.jpg"; digests of the member data.
-INDEX_KEY = re.compile(r"[^\x00-\x1f\x7f/]{1,255}(/[^\x00-\x1f\x7f/]{1,255}){0,31}")
+INDEX_KEY = re.compile(r"{s}(/{s}){{0,31}}".format(s=_SEGMENT % ""))
+MAX_KEY_SEGMENTS = 32
+MAX_SEGMENT_CHARS = 255
 MEMBER_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}(\.[A-Za-z0-9_-]{1,32}){0,3}")
 MEMBER_CODECS = ("png", "qoi", "jpg", "jpeg", "webp")
 XXH3 = re.compile(r"[0-9a-f]{16}")
@@ -124,6 +129,38 @@ def str_field(v: Any, where: str, field: str) -> str:
     if not isinstance(v, str):
         raise ManifestError(where, field, f"must be a string, got {type(v).__name__}")
     return v
+
+
+def key_problem(key: Any, dots: bool = False) -> str | None:
+    """Why ``key`` is not a key of the format (None: it is one); ``dots``: a foreign shard's key
+    (``shardmaker index``), where dots are allowed but not a ``.`` or ``..`` segment."""
+    if isinstance(key, str) and (INDEX_KEY if dots else KEY).fullmatch(key) and not (dots and _dot_segment(key)):
+        return None  # the fast path: every key of a good manifest
+    if not isinstance(key, str):
+        return f"must be a string, got {type(key).__name__}"
+    parts = key.split("/")
+    if len(parts) > MAX_KEY_SEGMENTS:
+        return f"has {len(parts)} '/'-separated segments; at most {MAX_KEY_SEGMENTS}"
+    for i, seg in enumerate(parts):
+        if not seg:
+            return "has an empty segment (a leading, trailing or double '/')"
+        if len(seg) > MAX_SEGMENT_CHARS:
+            return f"has a segment longer than {MAX_SEGMENT_CHARS} characters (segment {i + 1}: {len(seg)})"
+        if re.search(r"[\x00-\x1f\x7f-\x9f]", seg):
+            return "has a control character"
+        if "\\" in seg:
+            return "has a backslash (keys separate folders with '/')"
+        if seg != seg.strip():
+            return f"segment {i + 1} starts or ends with white space"
+        if dots and seg in (".", ".."):
+            return "has a '.' or '..' segment"
+        if not dots and "." in seg:
+            return "has a dot (our keys replace every '.' with '_')"
+    return "is not a key"  # not reached for a string: every rule above is named
+
+
+def _dot_segment(key: str) -> bool:
+    return "." in key and any(p in (".", "..") for p in key.split("/"))
 
 
 def codec_of(member: str) -> str:

@@ -98,6 +98,25 @@ class Entry(NamedTuple):
 _MAX_PAX = 1 << 20
 
 
+class MemberStream:
+    """A member's data read in pieces (``iter_entries(stream=True)``), never held whole: ``size``
+    bytes from the tar stream; what the caller leaves unread is seeked over when the next entry is asked for."""
+
+    def __init__(self, f: BinaryIO, size: int, name: str, pos: int) -> None:
+        self._f, self.size, self.left, self.name, self._pos = f, size, size, name, pos
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n < 0 else min(n, self.left)
+        data = _read_exact(self._f, n, f"member {self.name!r} at byte {self._pos}") if n else b""
+        self.left -= n
+        return data
+
+    def chunks(self, n: int) -> Iterator[bytes]:
+        """The rest of the data, ``n`` bytes at a time."""
+        while self.left:
+            yield self.read(n)
+
+
 def _pax_records(raw: bytes, pos: int) -> dict[str, str]:
     """A PAX extended header's ``LEN key=value`` records, one a line (POSIX.1-2001)."""
     out: dict[str, str] = {}
@@ -120,7 +139,11 @@ def _pax_records(raw: bytes, pos: int) -> dict[str, str]:
 
 
 def iter_entries(
-    f: BinaryIO, limit: int | None = None, want: Callable[[str], bool] | None = None, skipped: bool = False
+    f: BinaryIO,
+    limit: int | None = None,
+    want: Callable[[str], bool] | None = None,
+    skipped: bool = False,
+    stream: bool = False,
 ) -> Iterator[Entry]:
     """Yield an :class:`Entry` for each regular member from the current position.
 
@@ -129,7 +152,9 @@ def iter_entries(
     PAX ``path``/``size`` records (what Python's tarfile, hence ``wds.ShardWriter``, writes for long
     or non-ASCII names) apply to the member that follows them. Members for which ``want(name)`` is
     false are skipped with a seek: their data is never read (with ``skipped=True`` they are
-    yielded with ``data`` None, so a caller still sees every name and offset).
+    yielded with ``data`` None, so a caller still sees every name and offset). With ``stream=True``
+    a wanted member's data is a :class:`MemberStream` to read before asking for the next entry, so
+    memory never grows with a member's size.
     """
     pos = 0
     long_name: str | None = None
@@ -180,6 +205,13 @@ def iter_entries(
             pos += padded
             if skipped:
                 yield Entry(name, entry_start, pos, None)
+            continue
+        if stream:
+            member = MemberStream(f, size, name, pos - BLOCK)
+            yield Entry(name, entry_start, pos + padded, member)
+            f.seek(member.left + padded - size, io.SEEK_CUR)
+            member.left = 0
+            pos += padded
             continue
         data = _read_exact(f, size, f"member {name!r} at byte {pos - BLOCK}")
         if padded != size:

@@ -15,6 +15,7 @@ import qoi
 from PIL import Image
 
 from shardmaker.errors import ImageDataError
+from shardmaker.format.headers import DEFAULT_MAX_PIXELS, HeaderError, ImageHeader, image_header
 from shardmaker.imaging import png
 from shardmaker.imaging.png import SIGNATURE as PNG_SIGNATURE
 from shardmaker.imaging.png import header as png_header
@@ -87,7 +88,7 @@ def _decode_pillow(data: bytes) -> np.ndarray:
 def image_size(data: bytes, ext: str | None = None) -> tuple[int, int]:
     """``(width, height)`` from the header alone, without decoding pixels; with ``ext`` (".jpg"),
     content of another format than the name says is an error."""
-    want = _FORMATS.get(ext.lower()) if ext else None
+    want = _FORMATS.get("." + ext.lower().lstrip(".")) if ext else None  # ".jpg" or "jpg"
     head = png_header(data)
     if head is not None:
         if want not in (None, "PNG"):
@@ -109,8 +110,11 @@ def image_size(data: bytes, ext: str | None = None) -> tuple[int, int]:
         raise ImageDataError(f"not a readable image ({exc})") from None
 
 
-def load_source(data: bytes, drop_alpha: bool = False, max_pixels: int = 1 << 28, ext: str | None = None) -> np.ndarray:
-    """Decode a source image (PNG/JPEG/TIFF/BMP/WebP, 8/16-bit, grey/RGB) after a size check."""
+def load_source(
+    data: bytes, drop_alpha: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS, ext: str | None = None
+) -> np.ndarray:
+    """Decode a source image (PNG/JPEG/TIFF/BMP/WebP, 8/16-bit, grey/RGB) after its header's size is checked
+    against ``max_pixels`` (nothing is decoded before)."""
     if not data:
         raise ImageDataError("empty file")
     w, h = image_size(data, ext)
@@ -158,10 +162,33 @@ _MEMBER_DECODERS = {"jpg": _decode_jpeg, "jpeg": _decode_jpeg, "webp": _decode_p
 MEMBER_EXTENSIONS = ("png", "qoi", "jpg", "jpeg", "webp")
 
 
-def decode(data: bytes | memoryview, ext: str) -> np.ndarray:
+def decode(data: bytes | memoryview, ext: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """Decode a shard member by its extension: ``png`` (8/16-bit), ``qoi`` (straight from a view),
-    ``jpg``/``jpeg`` (libjpeg-turbo, else Pillow), ``webp``; ``x4.jpg`` counts as ``jpg``."""
+    ``jpg``/``jpeg`` (libjpeg-turbo, else Pillow), ``webp``; ``x4.jpg`` counts as ``jpg``.
+
+    The header is read and checked first (grey or RGB, 8 or 16 bits, at most ``max_pixels``), so a
+    member that would decode large is refused before any pixel is decoded; the pixels must then be
+    what the header declared."""
     ext = ext.rsplit(".", 1)[-1].lower()
+    if ext not in MEMBER_EXTENSIONS:
+        raise ImageDataError(f"unknown member extension {ext!r} (decoders: {', '.join(MEMBER_EXTENSIONS)})")
+    try:
+        head = image_header(data, ext)
+    except HeaderError as exc:
+        raise ImageDataError(str(exc)) from None
+    check_pixels(head.width, head.height, max_pixels)
+    arr = _decode_member(data, ext)
+    want = (head.height, head.width) if head.channels == 1 else (head.height, head.width, head.channels)
+    if arr.shape != want or arr.dtype != (np.uint16 if head.bit_depth == 16 else np.uint8):
+        raise ImageDataError(f"decodes to {arr.dtype} {list(arr.shape)}, not the {_kind(head)} its header declares")
+    return arr
+
+
+def _kind(head: ImageHeader) -> str:
+    return f"{head.width}x{head.height} {head.bit_depth}-bit {'grey' if head.channels == 1 else 'RGB'}"
+
+
+def _decode_member(data: bytes | memoryview, ext: str) -> np.ndarray:
     if ext == Codec.QOI.value:
         try:
             return qoi.decode(data)
@@ -169,6 +196,4 @@ def decode(data: bytes | memoryview, ext: str) -> np.ndarray:
             raise ImageDataError(f"corrupt QOI data ({exc})") from None
     if ext == Codec.PNG.value:
         return _normalise(png.decode(data), drop_alpha=False)
-    if ext in _MEMBER_DECODERS:
-        return _normalise(_MEMBER_DECODERS[ext](data if isinstance(data, bytes) else bytes(data)), drop_alpha=False)
-    raise ImageDataError(f"unknown member extension {ext!r} (decoders: {', '.join(MEMBER_EXTENSIONS)})")
+    return _normalise(_MEMBER_DECODERS[ext](data if isinstance(data, bytes) else bytes(data)), drop_alpha=False)

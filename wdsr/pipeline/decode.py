@@ -1,7 +1,10 @@
-"""Decode one sample's HR and requested LR image; check presence, sizes, depth, hashes.
+"""Decode one sample's HR and requested LR image; check presence, sizes, kind, hashes.
 
 Only ``{key}.json``, ``{key}.hr.{ext}`` and ``{key}.lr_x{s}.{ext}`` are ever decoded, and only
-by image decoders (libspng/Pillow for PNG, QOI): nothing is unpickled.
+by image decoders (libspng/Pillow for PNG, QOI): nothing is unpickled. Every pair is checked from
+its headers first (:func:`check_headers`: sizes, scale, ``max_pixels``, channels and depth against
+the dataset's :class:`Kind`), by ``SRDataset`` and ``wdsr.wds`` alike, so nothing too large or of
+another kind ever reaches a decoder.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import enum
 import hashlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -85,21 +88,119 @@ def check_digests(shard: str, key: str, members: Mapping[str, Any], meta: dict, 
             raise SampleError(shard, key, f"{name} does not match its {verify.value} in {key}.json (corrupt shard)")
 
 
+def kind_text(channels: int | None, bit_depth: int | None) -> str:
+    """``8-bit RGB``, ``16-bit grey`` (``?`` for what is not known)."""
+    if channels is None and bit_depth is None:
+        return "of a kind not recorded"
+    depth = "?" if bit_depth is None else str(bit_depth)
+    return f"{depth}-bit {({1: 'grey', 3: 'RGB'}).get(channels or 0, '?')}"
+
+
+@dataclasses.dataclass
+class Kind:
+    """What every sample of a dataset (or of a mix: their batches are stacked) decodes to: channels
+    and bit depth. Recorded in the manifest, it is checked from each sample's headers before any
+    decode. What a manifest does not record is fixed by the first sample this process decodes (each
+    DataLoader worker has its own copy): such a dataset's samples are checked only against each
+    other, and in each worker against the first one it decoded (rebuild or re-index to record it)."""
+
+    where: str  # the dataset (or the mix), for messages
+    channels: int | None = None
+    bit_depth: int | None = None
+    recorded: bool = False  # both fields came from the manifest(s)
+    fixed_by: str | None = None  # the key of the sample that fixed what was not recorded
+
+    @classmethod
+    def of(cls, parts: Sequence[tuple[str, Manifest]]) -> Kind:
+        """The kind of one dataset or a mix of them (``(folder, manifest)`` pairs); datasets whose
+        manifests record different kinds cannot be mixed: a ValueError naming them, before any read."""
+        where = f"the dataset {parts[0][0]}" if len(parts) == 1 else f"the mix of {len(parts)} datasets"
+        found: dict[str, int | None] = {}
+        for field in ("channels", "bit_depth"):
+            values = {getattr(m, field) for _, m in parts} - {None}
+            if len(values) > 1:
+                kinds = "; ".join(f"{folder}: {kind_text(m.channels, m.bit_depth)}" for folder, m in parts)
+                raise ValueError(
+                    f"datasets of different kinds cannot be mixed (their batches would not stack): {kinds} "
+                    "(convert one, or train on them apart)"
+                )
+            found[field] = values.pop() if values else None
+        recorded = all(m.channels is not None and m.bit_depth is not None for _, m in parts)
+        return cls(where, found["channels"], found["bit_depth"], recorded)
+
+    def check(self, shard: str, key: str, name: str, head: fmt.ImageHeader) -> None:
+        """A sample whose HR header is of another kind than the dataset's is a SampleError naming both."""
+        if (self.channels is None or head.channels == self.channels) and (
+            self.bit_depth is None or head.bit_depth == self.bit_depth
+        ):
+            return
+        source = "as recorded" if self.fixed_by is None else f"as its first sample {self.fixed_by!r} decoded here was"
+        raise SampleError(
+            shard,
+            key,
+            f"{name} is {kind_text(head.channels, head.bit_depth)}, but {self.where} is "
+            f"{kind_text(self.channels, self.bit_depth)} ({source}): a sample of another kind",
+        )
+
+    def fix(self, key: str, head: fmt.ImageHeader) -> None:
+        """What the manifest does not record, from the first sample decoded (after it decoded well)."""
+        if self.recorded or (self.channels is not None and self.bit_depth is not None):
+            return
+        self.channels = head.channels if self.channels is None else self.channels
+        self.bit_depth = head.bit_depth if self.bit_depth is None else self.bit_depth
+        self.fixed_by = key
+
+
+def check_headers(
+    shard: str,
+    key: str,
+    members: Mapping[str, Any],
+    names: tuple[str, str],
+    scale: int,
+    max_pixels: int,
+    hr_size: tuple[int, int] | None = None,
+    kind: Kind | None = None,
+) -> tuple[fmt.ImageHeader, fmt.ImageHeader]:
+    """The one check before any decode of a pair: both headers readable (grey or RGB, 8 or 16 bits),
+    HR of the size the manifest promised (``hr_size``) and at most ``max_pixels``, HR = ``scale`` x LR,
+    HR and LR of one kind, and that the dataset's (``kind``). Failures are SampleErrors."""
+    heads = []
+    for name in names:
+        try:
+            heads.append(fmt.image_header(members[name], name))
+        except fmt.HeaderError as exc:
+            raise SampleError(shard, key, f"{name}: {exc}") from None
+    try:
+        fmt.check_pair(heads[0], heads[1], scale, hr_size, max_pixels)
+    except fmt.HeaderError as exc:
+        raise SampleError(shard, key, str(exc)) from None
+    if kind is not None:
+        kind.check(shard, key, names[0], heads[0])
+    return heads[0], heads[1]
+
+
 def decode_members(
-    shard: str, key: str, members: Mapping[str, Any], hr_name: str, lr_name: str, scale: int
+    shard: str,
+    key: str,
+    members: Mapping[str, Any],
+    hr_name: str,
+    lr_name: str,
+    scale: int,
+    max_pixels: int = fmt.DEFAULT_MAX_PIXELS,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Decode HR and LR (the member's extension picks the decoder), check HR = scale x LR (up to a
-    mod-crop) and matching depth and channels; HR comes back cropped to exactly scale x LR."""
+    """Decode HR and LR (the member's extension picks the decoder; each checks its own header against
+    ``max_pixels`` first), check HR = scale x LR (up to a mod-crop) and matching depth and channels;
+    HR comes back cropped to exactly scale x LR. Call :func:`check_headers` before: it checks the pair."""
 
     def fail(reason: str) -> SampleError:
         return SampleError(shard, key, reason)
 
     try:
-        hr = imaging.decode(members[hr_name], hr_name)
+        hr = imaging.decode(members[hr_name], hr_name, max_pixels)
     except ImageDataError as exc:
         raise fail(f"{hr_name}: {exc}") from None
     try:
-        lr = imaging.decode(members[lr_name], lr_name)
+        lr = imaging.decode(members[lr_name], lr_name, max_pixels)
     except ImageDataError as exc:
         raise fail(f"{lr_name}: {exc}") from None
     (h, w), (lh, lw) = hr.shape[:2], lr.shape[:2]
@@ -116,11 +217,12 @@ def decode_pair(
     scale: int,
     verify: Verify = Verify.XXH3,
     max_pixels: int = fmt.DEFAULT_MAX_PIXELS,
+    kind: Kind | None = None,
 ) -> DecodedPair:
-    """Check headers (sizes against the manifest, scale, channels, depth, ``max_pixels``) and
-    digests, then decode the members ``names`` (HR, LR); every failure is a SampleError naming
-    shard and key. Digests come from ``{key}.json`` in our shards, from the manifest in an index
-    of foreign shards (``raw.digests``, xxh3_64)."""
+    """Check headers (sizes against the manifest, scale, ``max_pixels``, channels and depth against
+    ``kind``) and digests, then decode the members ``names`` (HR, LR); every failure is a SampleError
+    naming shard and key. Digests come from ``{key}.json`` in our shards, from the manifest in an
+    index of foreign shards (``raw.digests``, xxh3_64)."""
     t0 = time.perf_counter_ns()
     hr_name, lr_name = names
 
@@ -140,12 +242,7 @@ def decode_pair(
     for name in (hr_name, lr_name):
         if name not in raw.members:
             raise fail(f"no {name} member (this sample has scales {meta.get('scales')!r})")
-    try:
-        hr_head = fmt.image_header(raw.members[hr_name], hr_name)
-        lr_head = fmt.image_header(raw.members[lr_name], lr_name)
-        fmt.check_pair(hr_head, lr_head, scale, raw.hr_size, max_pixels)
-    except fmt.HeaderError as exc:
-        raise fail(str(exc)) from None
+    hr_head, _ = check_headers(raw.shard, raw.key, raw.members, names, scale, max_pixels, raw.hr_size, kind)
     if raw.digests is None:
         check_digests(raw.shard, raw.key, raw.members, meta, (hr_name, lr_name), Verify(verify))
     elif verify is not Verify.NONE:
@@ -153,5 +250,7 @@ def decode_pair(
             if xxhash.xxh3_64_intdigest(raw.members[name]) != raw.digests[name]:
                 raise fail(f"{name} does not match its xxh3_64 in the index (shard changed or corrupt)")
     t1 = time.perf_counter_ns()
-    hr, lr = decode_members(raw.shard, raw.key, raw.members, hr_name, lr_name, scale)
+    hr, lr = decode_members(raw.shard, raw.key, raw.members, hr_name, lr_name, scale, max_pixels)
+    if kind is not None:
+        kind.fix(raw.key, hr_head)
     return DecodedPair(raw.shard, raw.key, raw.rep, hr, lr, time.perf_counter_ns() - t1, t1 - t0)

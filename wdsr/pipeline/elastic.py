@@ -14,6 +14,15 @@ from wdsr.pipeline.patches import Patch
 from wdsr.pipeline.shuffle import fast_forward
 from wdsr.pipeline.stream import TrainStream
 
+REPLAN_SLOTS = 1 << 12  # old slots an elastic re-plan may replay beyond one per sample of the dataset
+
+
+def replan_limit(samples: int) -> int:
+    """The most old slots (world size x workers) a re-plan of an epoch of ``samples`` samples replays:
+    each slot's shuffle is replayed, so the work must follow the dataset, not a number in a saved state
+    (one slot per sample, or ``REPLAN_SLOTS`` for a small dataset: about 0.5 s here)."""
+    return max(samples, REPLAN_SLOTS)
+
 
 @dataclasses.dataclass(frozen=True)
 class ElasticPlan:
@@ -59,7 +68,9 @@ class ElasticPlan:
         begin, end = slot * self.per_slot, (slot + 1) * self.per_slot
         starts = np.concatenate([[0], np.cumsum(self.remaining)])
         parts = []
-        for old in range(len(self.remaining)):
+        first = max(0, int(np.searchsorted(starts, begin, side="right")) - 1)  # the old slots the run overlaps
+        last = int(np.searchsorted(starts, end, side="left"))
+        for old in range(first, min(last, len(self.remaining))):
             lo, hi = max(begin, int(starts[old])), min(end, int(starts[old + 1]))
             if lo < hi:
                 pos = self._positions(old)[lo - int(starts[old]) : hi - int(starts[old])]
@@ -89,7 +100,8 @@ def elastic_plan(
     ``length`` the samples per slot of the old world's plan."""
     old_world, old_workers, batches = origin
     nw = max(1, old_workers)
-    done = np.array([max(0, (batches - w + nw - 1) // nw) for _ in range(old_world) for w in range(nw)], dtype=np.int64)
+    w = np.tile(np.arange(nw, dtype=np.int64), old_world)
+    done = np.maximum(0, (batches - w + nw - 1) // nw)
     remaining = length * k - done * batch_size
     return ElasticPlan(seed, epoch, k, shuffle_buffer, batch_size, origin, slots, remaining, length)
 

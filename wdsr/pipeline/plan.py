@@ -11,10 +11,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator, Sequence
+from fractions import Fraction
 from typing import NamedTuple
 
 import numpy as np
 
+from shardmaker.errors import brief
 from wdsr import seeds
 
 
@@ -126,41 +128,121 @@ class TrainPlan:
             yield from self.slot(t)
 
 
+MAX_EPOCH_SAMPLES = 1 << 40  # samples per epoch of a mix: far beyond any real epoch, and exact in int64 and float
+MAX_MIX_SEGMENTS = 1 << 20  # rows of a mix's epoch layout (32 bytes each): what its memory grows with
+
+
+def _mix_passes(sizes: Sequence[int], want: int) -> tuple[int, int]:
+    """``(full passes, samples of the last partial pass)`` of a source of shard ``sizes`` giving ``want``."""
+    total = sum(int(n) for n in sizes)
+    return divmod(int(want), total) if total else (0, 0)
+
+
+def mix_segment_count(sources: Sequence[Sequence[int]], counts: Sequence[int]) -> int:
+    """The most rows :func:`mix_segments` lays out (counted, not made): a source gives one row per
+    shard per pass over it, so the count grows with ``counts[i]`` / the samples per shard of source ``i``."""
+    rows = 0
+    for sizes, want in zip(sources, counts, strict=True):
+        full, rest = _mix_passes(sizes, want)
+        rows += (full + (1 if rest else 0)) * sum(1 for n in sizes if n > 0)
+    return rows
+
+
+def check_mix_segments(sources: Sequence[Sequence[int]], counts: Sequence[int]) -> None:
+    """A mix whose epoch would lay out more than :data:`MAX_MIX_SEGMENTS` rows is refused (before any is made)."""
+    rows = mix_segment_count(sources, counts)
+    if rows > MAX_MIX_SEGMENTS:
+        raise ValueError(
+            f"epoch_samples={sum(counts)} repeats the datasets' {sum(len(s) for s in sources)} shards into {rows} "
+            f"shard segments per epoch, over the limit of {MAX_MIX_SEGMENTS} (the epoch's layout is held in memory): "
+            "lower epoch_samples, or use fewer, larger shards"
+        )
+
+
 def mix_segments(sources: Sequence[Sequence[int]], counts: Sequence[int], seed: int, epoch: int) -> np.ndarray:
     """The layout of a mix: source ``i`` (its shard sizes, numbered after the previous sources'
     shards) gives ``counts[i]`` samples this epoch, from its own (seed, epoch) shard order, wrapping
     around (with the next ``rep``) when it gives more than it has; then every source's segments are
-    permuted together by (seed, epoch), so sources mix at shard granularity."""
-    rows = []
+    permuted together by (seed, epoch), so sources mix at shard granularity. At most
+    :data:`MAX_MIX_SEGMENTS` rows (a ValueError beyond)."""
+    check_mix_segments(sources, counts)
+    blocks = []
     base = 0
     for i, (sizes, want) in enumerate(zip(sources, counts, strict=True)):
         sz = np.asarray(sizes, dtype=np.int64)
         order = seeds.mix_source_order(seed, epoch, i).permutation(len(sz))
         order = order[sz[order] > 0]
-        left, rep = int(want), 0
-        while left > 0 and len(order):
-            for sh in order:
-                take = min(int(sz[sh]), left)
-                rows.append((base + int(sh), 0, take, rep))
-                left -= take
-                if not left:
-                    break
-            rep += 1
+        full, rest = _mix_passes(sizes, want)
+        n = len(order)
+        if full:  # whole passes: every shard of the order, pass after pass
+            reps = np.repeat(np.arange(full, dtype=np.int64), n)
+            shards = np.tile(order, full)
+            blocks.append(np.stack([base + shards, np.zeros_like(shards), sz[shards], reps], axis=1))
+        if rest:  # the last pass: the shards of the order until ``rest`` samples, the last one cut
+            ends = np.cumsum(sz[order])
+            k = int(np.searchsorted(ends, rest, side="left")) + 1
+            takes = sz[order[:k]].copy()
+            takes[-1] -= int(ends[k - 1]) - rest
+            part = order[:k]
+            blocks.append(np.stack([base + part, np.zeros_like(part), takes, np.full_like(part, full)], axis=1))
         base += len(sz)
-    seg = np.array(rows, dtype=np.int64).reshape(-1, 4)
+    seg = np.concatenate(blocks).astype(np.int64, copy=False) if blocks else np.zeros((0, 4), dtype=np.int64)
     return seg[seeds.mix_segment_order(seed, epoch).permutation(len(seg))]
 
 
+def _real(value: object) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _as_float(value: object) -> float:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except OverflowError:  # an int beyond any float
+        return math.inf
+
+
+def _mix_weights(samples: Sequence[int], weights: object) -> list[float]:
+    """``weights`` checked: one finite, non-negative real number (int or float) per source, a finite
+    positive sum, and none for a source without samples."""
+    if isinstance(weights, (str, bytes, dict, set, frozenset)) or not hasattr(weights, "__len__"):
+        raise ValueError(f"weights must be a list of numbers, one per dataset, got {brief(weights)}")
+    if len(weights) != len(samples):  # type: ignore[arg-type]
+        raise ValueError(f"weights must be one number per dataset ({len(samples)}), got {brief(weights)}")
+    ws = list(weights)  # type: ignore[call-overload]
+    if not all(_real(w) and w >= 0 and math.isfinite(_as_float(w)) for w in ws):
+        raise ValueError(f"weights must be finite non-negative numbers (int or float), got {brief(weights)}")
+    if not 0 < sum(_as_float(w) for w in ws) < math.inf:
+        raise ValueError(f"weights must have a finite sum above 0, got {brief(weights)}")
+    for w, n in zip(ws, samples, strict=True):
+        if w > 0 and n < 1:
+            raise ValueError(f"weights: a dataset without samples has weight {brief(w)}, got {brief(weights)}")
+    return [_as_float(w) for w in ws]
+
+
+def check_epoch_samples(epoch_samples: object) -> int:
+    """``epoch_samples`` checked: an int (not a bool) in ``[1, MAX_EPOCH_SAMPLES]``."""
+    if not isinstance(epoch_samples, (int, np.integer)) or isinstance(epoch_samples, (bool, np.bool_)):
+        raise ValueError(f"epoch_samples must be an int, got {brief(epoch_samples)}")
+    if not 1 <= epoch_samples <= MAX_EPOCH_SAMPLES:
+        raise ValueError(f"epoch_samples must be in [1, {MAX_EPOCH_SAMPLES}], got {brief(epoch_samples)}")
+    return int(epoch_samples)
+
+
 def mix_counts(samples: Sequence[int], weights: Sequence[float] | None, total: int | None = None) -> list[int]:
-    """Samples each source gives per epoch: all of each without weights; else the largest-remainder
-    shares of ``total`` (default: the union's size) by weight."""
+    """Samples each source gives per epoch: all of each without weights and ``total``; else the
+    largest-remainder shares of ``total`` (default: the union's size) by weight (without weights: by
+    size), computed exactly (in fractions, so the counts always add up to ``total``)."""
+    if total is not None:
+        total = check_epoch_samples(total)
     if weights is None:
-        return [int(n) for n in samples]
-    if len(weights) != len(samples) or any(w < 0 for w in weights) or not sum(weights) > 0:
-        raise ValueError(f"weights must be one non-negative number per source, not all 0, got {list(weights)}")
-    total = sum(samples) if total is None else total
-    exact = [total * w / sum(weights) for w in weights]
-    out = [int(x) for x in exact]
+        if total is None:
+            return [int(n) for n in samples]
+        weights = [float(n) for n in samples]
+    ws = [Fraction(repr(w)) for w in _mix_weights(samples, weights)]  # 0.1 as the decimal written, exactly
+    total = sum(int(n) for n in samples) if total is None else total
+    whole = sum(ws)
+    exact = [total * w / whole for w in ws]
+    out = [math.floor(x) for x in exact]
     for i in sorted(range(len(exact)), key=lambda i: out[i] - exact[i])[: total - sum(out)]:
         out[i] += 1
     return out

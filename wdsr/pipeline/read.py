@@ -24,6 +24,7 @@ import fsspec
 
 from shardmaker import compat, storage
 from shardmaker import format as fmt
+from shardmaker.errors import InputError
 from shardmaker.format import Manifest, ShardInfo
 from wdsr.errors import SampleError
 from wdsr.pipeline.plan import Span
@@ -191,16 +192,13 @@ class ShardReader:
     def _file_span(
         self, fs: Any, path: str, info: ShardInfo, span: Span, wanted: frozenset[str], opener: Any = None, checked: bool = False
     ) -> Iterator[RawSample]:
-        if not checked:
-            try:
-                size = fs.size(path)
-            except FileNotFoundError:
-                raise SampleError(info.name, None, f"shard is missing ({path})") from None
-            if size != info.bytes:
-                raise SampleError(
-                    info.name, None, f"shard has {size} bytes, the manifest says {info.bytes} (truncated or replaced)"
-                )
-        with opener() if opener else fs.open(path, "rb") as f:
+        with opener() if opener else _open_shard(fs, path, info) as f:
+            if not checked:
+                size = os.fstat(f.fileno()).st_size if storage.is_local(fs) else fs.size(path)
+                if size != info.bytes:
+                    raise SampleError(
+                        info.name, None, f"shard has {size} bytes, the manifest says {info.bytes} (truncated or replaced)"
+                    )
             if not checked and info.probe is not None:
                 self._check_probe(f, path, info)
             for i in range(span.start, span.stop):
@@ -256,6 +254,19 @@ class ShardReader:
         finally:
             for fut in pending:
                 fut.cancel()
+
+
+def _open_shard(fs: Any, path: str, info: ShardInfo) -> Any:
+    """Open a shard file for reading; a local one must be a regular file (a FIFO or a device there
+    would block or read without end): a SampleError naming the shard otherwise."""
+    try:
+        return storage.open_input(fs, path)
+    except FileNotFoundError:
+        raise SampleError(info.name, None, f"shard is missing ({path})") from None
+    except InputError as exc:
+        raise SampleError(info.name, None, f"shard {exc.reason} ({path})") from None
+    except OSError as exc:
+        raise SampleError(info.name, None, f"shard cannot be opened ({exc.strerror or exc.__class__.__name__}: {path})") from None
 
 
 def _raw_sample(

@@ -9,7 +9,7 @@ from collections.abc import Generator, Iterable
 
 from shardmaker.errors import OnError
 from wdsr.errors import SampleError
-from wdsr.pipeline.decode import DecodedPair, Verify, decode_pair, wanted_members
+from wdsr.pipeline.decode import DecodedPair, Kind, Verify, decode_pair, wanted_members
 from wdsr.pipeline.plan import Span
 from wdsr.pipeline.read import ShardReader
 from wdsr.pipeline.stats import SharedStats
@@ -46,6 +46,7 @@ class Source:
     stats: SharedStats
     errors: ErrorPolicy
     cache: DecodedCache | None = None  # node-wide decoded pairs (wdsr.store.decoded)
+    kind: Kind | None = None  # what every sample decodes to (one object for all sources of a mix)
 
     def shard_name(self, index: int) -> str:
         return self.reader.manifest.shards[index].name
@@ -64,13 +65,16 @@ class Source:
             i = span.start
             while i < span.stop:
                 if self.cache.has(info.keys[i]):
-                    hit = self.cache.lookup(info.keys[i])
+                    w, h = info.hr_sizes[i]
+                    hit = self.cache.lookup(info.keys[i], (int(w), int(h)), *self._cache_kind())
                     if hit is not None:
                         self.stats.add(worker, samples=1, decoded_hits=1)
                         yield DecodedPair(info.name, info.keys[i], span.rep, hit[0], hit[1], 0, 0, chw=True)
                         i += 1
                         continue
-                    j = i + 1  # there but unreadable (being removed?): decode this one
+                    if rejected := self.cache.take_rejected():  # not what the manifest says, or corrupt
+                        self.stats.add(worker, decoded_rejected=rejected)
+                    j = i + 1  # there but unusable (refused, or being removed): decode this one (and replace it)
                 else:
                     j = i + 1
                     while j < span.stop and not self.cache.has(info.keys[j]):
@@ -79,6 +83,13 @@ class Source:
                         self.cache.forget(info.keys[gone])
                 yield from self._decoded(Span(span.shard_index, i, j, span.rep), worker, count)
                 i = j
+
+    def _cache_kind(self) -> tuple[int | None, int | None]:
+        """Channels and bit depth a decoded-cache entry must have (None: not known yet): the
+        dataset's (or mix's) kind, recorded or fixed by a decoded sample, never by a cache entry."""
+        if self.kind is not None:
+            return self.kind.channels, self.kind.bit_depth
+        return self.reader.manifest.channels, self.reader.manifest.bit_depth
 
     def _decoded(self, span: Span, worker: int, count: bool) -> Generator[DecodedPair | None, None, None]:
         manifest = self.reader.manifest
@@ -90,7 +101,7 @@ class Source:
                     pos = raw.index + 1
                     self.stats.add(worker, samples=1, bytes_read=raw.nbytes, read_ns=raw.read_ns, **self.reader.take_counts())
                     try:
-                        pair = decode_pair(raw, names, self.scale, self.verify, self.max_pixels)
+                        pair = decode_pair(raw, names, self.scale, self.verify, self.max_pixels, self.kind)
                     except SampleError as exc:
                         if count:
                             self.errors(worker, exc)
@@ -99,7 +110,7 @@ class Source:
                         yield None
                         continue
                     self.stats.add(worker, decode_ns=pair.decode_ns, verify_ns=pair.verify_ns)
-                    if self.cache is not None and self.cache.store(pair.key, pair.hr, pair.lr):
+                    if self.cache is not None and self.cache.store(pair.key, pair.hr, pair.lr, *self._cache_kind()):
                         self.stats.add(worker, decoded_stores=1)
                     yield pair
                     del pair, raw  # hold nothing while the next sample is read and decoded

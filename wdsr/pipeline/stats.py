@@ -25,6 +25,7 @@ FIELDS = (
     "cache_misses",
     "decoded_hits",
     "decoded_stores",
+    "decoded_rejected",
     "peak_rss_kb",
     "peak_private_kb",
 )

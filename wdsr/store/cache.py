@@ -22,9 +22,11 @@ import json
 import logging
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from shardmaker import storage
 from shardmaker.format import ShardInfo
 
 log = logging.getLogger("wdsr")
@@ -98,8 +100,11 @@ class ShardCache:
         path = self.path(info)
         try:
             st = path.stat()
-            record = json.loads(self._ok(path).read_text())
-        except (FileNotFoundError, ValueError):
+            if not stat.S_ISREG(st.st_mode):
+                return None  # a FIFO or a device at a shard's name: refilled (replaced), never read
+            with storage.open_regular(str(self._ok(path)), follow_symlinks=False) as f:  # never blocks on a FIFO
+                record = json.loads(f.read(4096))
+        except (OSError, ValueError):  # InputError (not a regular file) is a ValueError
             return None
         if (
             record != {"sha256": info.sha256, "size": info.bytes, "ino": st.st_ino, "mtime_ns": st.st_mtime_ns}

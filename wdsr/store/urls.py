@@ -1,7 +1,8 @@
 """What WebDataset users write, turned into a dataset folder and the shards to stream.
 
 ``SRDataset`` accepts a dataset folder or prefix (with its ``manifest.json``), a brace pattern of
-shard URLs (``s3://bucket/ds/shard-{000000..000127}.tar``, expanded with ``braceexpand``), or a
+shard URLs (``s3://bucket/ds/shard-{000000..000127}.tar``, expanded as ``braceexpand`` does, counted
+first and refused above ``shardmaker.format.MAX_NAMES``: ``shardmaker.format.expand_braces``), or a
 list of shard URLs. The manifest is the one beside the shards, or the one given with
 ``manifest=``; the shards must be in its folder (a shard's location is always ``folder + "/" +
 name``, see ``docs/format.md``) and listed by it. The dataset is then those shards, in the
@@ -15,8 +16,6 @@ import hashlib
 import posixpath
 from collections.abc import Sequence
 from typing import Any
-
-from braceexpand import braceexpand
 
 from shardmaker import format as fmt
 from shardmaker import storage
@@ -65,7 +64,7 @@ def resolve(spec: str | Sequence[str], manifest: str | None = None) -> Resolved:
                 raise ValueError(f"manifest={manifest!r} is not in the dataset folder {spec!r}")
             return Resolved(folder, name, None)
         return Resolved(spec, fmt.MANIFEST, None)
-    urls = list(braceexpand(spec)) if isinstance(spec, str) else [u for item in spec for u in braceexpand(item)]
+    urls = fmt.expand_braces(spec)
     if not urls:
         raise ValueError("no shard URLs given")
     folders, names = zip(*(_split(u) for u in urls), strict=True)

@@ -201,11 +201,17 @@ def _gb(text: str) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    """Bad settings, data or OUT: one line, exit 2 (through main); a run that diverged: one line, exit 1."""
+    from wdsr.train.checkpoint import Diverged
     from wdsr.train.config import make_config
     from wdsr.train.loop import train
 
     flags = {k: v for k, v in vars(args).items() if k != "cmd"}
-    return train(make_config(flags))
+    try:
+        return train(make_config(flags))
+    except Diverged as exc:
+        print(f"wdsr train: error: {exc}", file=sys.stderr)
+        return 1
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -5,6 +5,9 @@ Layout: ``OUT/run.json`` (the run's settings), ``OUT/checkpoints/step-00001000.p
 ``OUT/metrics.jsonl``. Local files are written to a temp name and renamed; on object stores an
 object appears only when its upload completes, and the pointer is written after it. Checkpoints
 are read with ``torch.load(weights_only=True)``: tensors and plain values only, never pickled code.
+Nothing read from OUT names a file outside it: ``latest.json``'s ``path`` must be exactly
+``checkpoints/step-NNNNNNNN.pt`` (what :meth:`RunDir.save` writes), its ``step`` that number; a
+checkpoint's fields are type-checked before use. Every problem is a one-line :class:`RunError`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import pickle
 import posixpath
 import re
 from typing import Any
@@ -19,14 +23,69 @@ from typing import Any
 import torch
 
 from shardmaker import storage
+from shardmaker.errors import brief
 
 log = logging.getLogger("wdsr")
 FORMAT = "wdsr-train/1"
-_CKPT = re.compile(r"^step-(\d{8,})\.pt$")
+_CKPT = re.compile(r"step-([0-9]{8,18})\.pt")  # a checkpoint's file name (a step below 10**18)
+_CKPT_PATH = re.compile(r"checkpoints/step-([0-9]{8,18})\.pt")  # latest.json's path: exactly this, under OUT
+MAX_JSON_BYTES = 1 << 20  # latest.json and run.json are a few lines
+MAX_STEP = 10**18 - 1
 
 
 class RunError(ValueError):
     """The run folder cannot be used as asked (another run's checkpoints, a mismatched resume)."""
+
+
+class Diverged(RuntimeError):
+    """The loss or the weights went inf/NaN: the run stops (exit 1) without checkpointing them, and the
+    checkpoints written before are kept."""
+
+
+def checkpoint_path(value: Any, where: str) -> tuple[str, int]:
+    """``latest.json``'s ``path`` checked: exactly ``checkpoints/step-NNNNNNNN.pt`` (relative to OUT, no
+    other folder, bucket or scheme), and the step it names. Anything else is a RunError naming ``where``."""
+    m = _CKPT_PATH.fullmatch(value) if isinstance(value, str) else None
+    if m is None:
+        raise RunError(f"{where}: 'path' must be checkpoints/step-NNNNNNNN.pt inside the run folder, got {brief(value)}")
+    return value, int(m.group(1))
+
+
+def _int_field(state: dict[str, Any], name: str, lo: int, hi: int, where: str) -> int:
+    value = state.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise RunError(f"{where}: {name!r} must be an integer in [{lo}, {hi}], got {brief(value)}")
+    return value
+
+
+def check_state(state: Any, where: str) -> dict[str, Any]:
+    """A loaded checkpoint's fields, type-checked (what the loop reads from it), before any is used."""
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise RunError(f"{where}: not a {FORMAT} checkpoint (written by wdsr train)")
+    _int_field(state, "step", 0, MAX_STEP, where)
+    _int_field(state, "epoch", 0, MAX_STEP, where)
+    _int_field(state, "epoch_batches", 0, MAX_STEP, where)
+    for name in ("model", "optimizer", "scheduler", "scaler", "rng", "config"):
+        if not isinstance(state.get(name), dict):
+            raise RunError(f"{where}: {name!r} must be a mapping, got {brief(state.get(name))}")
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state["model"].items()):
+        raise RunError(f"{where}: 'model' must map parameter names to tensors")
+    if not all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point()):
+        raise RunError(f"{where}: the weights hold inf or NaN (a diverged run); resume from an earlier checkpoint")
+    rng = state["rng"].get("torch")
+    if not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8:
+        raise RunError(f"{where}: 'rng.torch' must be a uint8 tensor (torch.get_rng_state())")
+    if state.get("loader") is not None and not isinstance(state["loader"], dict):
+        raise RunError(f"{where}: 'loader' must be a mapping (a loader state_dict), got {brief(state['loader'])}")
+    return state
+
+
+def _why(exc: BaseException) -> str:
+    """What torch said about a file it could not load, in a few words (never its advice to unpickle)."""
+    if isinstance(exc, pickle.UnpicklingError) or "weights_only" in str(exc):
+        return "it holds objects other than tensors and plain values; checkpoints are loaded with weights_only=True"
+    first = (str(exc).splitlines() or [""])[0][:160]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 class RunDir:
@@ -39,12 +98,22 @@ class RunDir:
         return storage.join(self.root, name)
 
     def _read_json(self, name: str) -> dict[str, Any] | None:
+        """A small JSON object of the run folder (``latest.json``, ``run.json``): at most ``MAX_JSON_BYTES``,
+        a regular file (never a FIFO), parsed; None if absent."""
+        path = self.path(name)
         try:
-            d = json.loads(storage.read_bytes(self.fs, self.path(name)))
+            with storage.open_regular(path) if self.local else self.fs.open(path, "rb") as f:
+                data = f.read(MAX_JSON_BYTES + 1)
         except FileNotFoundError:
             return None
-        except json.JSONDecodeError as exc:
-            raise RunError(f"{self.url}/{name}: not valid JSON ({exc.msg})") from None
+        except ValueError as exc:  # InputError: a FIFO or a device at the name
+            raise RunError(str(exc)) from None
+        if len(data) > MAX_JSON_BYTES:
+            raise RunError(f"{self.url}/{name}: over {MAX_JSON_BYTES >> 20} MiB; not a file wdsr train wrote")
+        try:
+            d = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            raise RunError(f"{self.url}/{name}: not valid JSON ({str(exc)[:120]})") from None
         if not isinstance(d, dict):
             raise RunError(f"{self.url}/{name}: not a JSON object")
         return d
@@ -68,12 +137,15 @@ class RunDir:
 
     # ---- checkpoints --------------------------------------------------------------------------
     def latest(self) -> dict[str, Any] | None:
+        """``latest.json`` checked: ``{"step": N, "path": "checkpoints/step-N.pt"}`` (a name under OUT only)."""
+        where = f"{self.url}/latest.json"
         d = self._read_json("latest.json")
         if d is None:
             return None
-        if not isinstance(d.get("path"), str) or not _CKPT.match(posixpath.basename(d["path"])) or ".." in d["path"]:
-            raise RunError(f"{self.url}/latest.json: 'path' must name checkpoints/step-NNNNNNNN.pt, got {d.get('path')!r}")
-        return d
+        path, step = checkpoint_path(d.get("path"), where)
+        if d.get("step") != step or isinstance(d.get("step"), bool):
+            raise RunError(f"{where}: 'step' must be {step}, the step its path names, got {brief(d.get('step'))}")
+        return {"step": step, "path": path}
 
     def checkpoints(self) -> list[str]:
         """Names of the finished checkpoints, oldest first."""
@@ -82,7 +154,7 @@ class RunDir:
         except FileNotFoundError:
             return []
         names = [posixpath.basename(p.rstrip("/")) for p in found]
-        return sorted(n for n in names if _CKPT.match(n))
+        return sorted(n for n in names if _CKPT.fullmatch(n))
 
     def save(self, state: dict[str, Any], step: int, keep: int = 3) -> str:
         """Write ``state`` as ``checkpoints/step-N.pt``, then point ``latest.json`` at it; keep the last ``keep``."""
@@ -102,10 +174,18 @@ class RunDir:
         d = self.latest()
         if d is None:
             return None
-        data = storage.read_bytes(self.fs, self.path(d["path"]))
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        if not isinstance(state, dict) or state.get("format") != FORMAT:
-            raise RunError(f"{self.url}/{d['path']}: not a {FORMAT} checkpoint")
+        where = f"{self.url}/{d['path']}"
+        try:
+            data = storage.read_bytes(self.fs, self.path(d["path"]))
+        except FileNotFoundError:
+            raise RunError(f"{where}: named by latest.json but missing") from None
+        try:
+            state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - torch raises many types for a file that is not a checkpoint
+            raise RunError(f"{where}: not a readable checkpoint ({_why(exc)})") from None
+        check_state(state, where)
+        if state["step"] != d["step"]:
+            raise RunError(f"{where}: holds step {state['step']}, but latest.json says {d['step']}")
         return state
 
     def upload(self, name: str, data: bytes) -> None:

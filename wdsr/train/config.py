@@ -4,7 +4,9 @@ Config file keys are the flag names (``patch-size`` or ``patch_size``; ``k`` for
 ``patches_per_image``); flags given on the command line override the file. What the train set
 streams is a :class:`wdsr.DatasetConfig` (``cfg.dataset``): its options are set by the same flat
 keys (``patch_size``, ``shuffle_buffer``, ``on_error``, ``decoded_cache_limit``, ...), or under a
-``dataset:`` mapping in the file; sizes take units (``20GB``; a bare number is GB).
+``dataset:`` mapping in the file; sizes take units (``20GB``; a bare number is GB). Every value is
+checked once, here (type and range, flags and files alike); a setting given twice in one file (two
+spellings, or at the top and under ``dataset:``) is an error naming both.
 """
 
 from __future__ import annotations
@@ -13,13 +15,17 @@ import dataclasses
 import enum
 import json
 import os
-from pathlib import Path
 from typing import Any
 
-from shardmaker import compat
+from shardmaker import compat, storage
 from shardmaker.clikit import parse_size
-from wdsr.config import DatasetConfig
+from shardmaker.errors import brief
+from wdsr.config import LIMITS, MAX_PATH_CHARS, DatasetConfig, check_number
 from wdsr.train.models import ModelName
+
+
+class ConfigError(ValueError):
+    """A train setting, config file or flag that cannot be used; the CLI prints it as one line, exit 2."""
 
 
 class Amp(str, enum.Enum):
@@ -83,22 +89,13 @@ class TrainConfig:
             if f.name != "dataset":
                 object.__setattr__(self, f.name, _coerce(f.name, f.type, getattr(self, f.name)))
         if not isinstance(self.dataset, DatasetConfig):
-            raise TypeError(f"dataset must be a wdsr.DatasetConfig, got {type(self.dataset).__name__}")
+            raise ConfigError(f"dataset must be a wdsr.DatasetConfig, got {type(self.dataset).__name__}")
         if self.steps is not None and self.epochs is not None:
-            raise ValueError("give --steps or --epochs, not both")
+            raise ConfigError("give --steps or --epochs, not both")
         if self.steps is None and self.epochs is None:
             object.__setattr__(self, "steps", DEFAULT_STEPS)
-        positive = ["log_every", "lr_step"]
-        for name in positive + [n for n in ("steps", "epochs", "val_tile") if getattr(self, n) is not None]:
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("workers", "val_every", "ckpt_every", "keep_ckpts"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"--lr must be > 0, got {self.lr}")
         if self.dataset.split.value != "train":
-            raise ValueError("the train set's DatasetConfig must have split='train' (--val-data is the val set)")
+            raise ConfigError("the train set's DatasetConfig must have split='train' (--val-data is the val set)")
 
     def __getattr__(self, name: str) -> Any:  # cfg.patch_size and the like: moved to cfg.dataset (0.2)
         if name in DATASET_KEYS:
@@ -117,27 +114,78 @@ class TrainConfig:
 # the DatasetConfig options a train config sets (the val set's tiles are val_tile; split is implied)
 DATASET_KEYS = tuple(f.name for f in dataclasses.fields(DatasetConfig) if f.name not in ("split", "tile", "return_keys"))
 _SIZES = ("cache_limit", "decoded_cache_limit")  # bytes, given with units (a bare number is GB)
+BIG = 10**12  # steps and step counts: far beyond any run, far below int64
+
+# The range of every number of the train settings (the train set's own are wdsr.config.LIMITS):
+# (lowest, highest, whether the lowest is excluded). The lr and gamma are finite and can neither
+# train to inf nor grow the rate; workers are bounded by what any node could use.
+TRAIN_LIMITS: dict[str, tuple[float, float, bool]] = {
+    "steps": (1, BIG, False),
+    "epochs": (1, 10**6, False),
+    "lr": (0.0, 1.0, True),
+    "lr_step": (1, BIG, False),
+    "lr_gamma": (0.0, 1.0, True),
+    "val_every": (0, BIG, False),
+    "val_tile": (1, 1 << 20, False),
+    "log_every": (1, BIG, False),
+    "ckpt_every": (0, BIG, False),
+    "keep_ckpts": (0, 10**6, False),
+    "workers": (0, 256, False),
+}
+# retry: fields: (lowest, highest, whether an integer)
+_RETRY = {
+    "attempts": (1, 1000, True),
+    "backoff_s": (0, 3600, False),
+    "max_backoff_s": (0, 86400, False),
+    "timeout_s": (0, 86400, False),
+}
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def _check_flags(opts: dict[str, Any]) -> None:
-    """The train set's numbers in the flags' own words, before DatasetConfig checks them its way."""
+    """What the train set needs beyond DatasetConfig's rules (each number is in range by now: ``_coerce``)."""
     defaults = DatasetConfig()
-    get = {name: opts.get(name, getattr(defaults, name)) for name in ("scale", "patch_size", "patches_per_image", "batch_size")}
-    for name, value in get.items():
-        if value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    if opts.get("shuffle_buffer", 0) < 0:
-        raise ValueError(f"--shuffle-buffer must be >= 0, got {opts['shuffle_buffer']}")
+    get = {name: opts.get(name, getattr(defaults, name)) for name in ("scale", "patch_size")}
     if get["scale"] < 2:
-        raise ValueError(f"--scale must be >= 2, got {get['scale']}")
+        raise ConfigError(f"--scale must be >= 2, got {get['scale']}")
     if get["patch_size"] % get["scale"]:
-        raise ValueError(f"--patch-size {get['patch_size']} is not a multiple of --scale {get['scale']}")
+        raise ConfigError(f"--patch-size {get['patch_size']} is not a multiple of --scale {get['scale']}")
 
 
 def _plain(v: Any) -> Any:
     if isinstance(v, enum.Enum):
         return v.value
     return dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
+
+
+def _number(label: str, value: Any, lo: float, hi: float, integer: bool, lo_open: bool = False) -> Any:
+    try:
+        return check_number(label, value, lo, hi, integer, lo_open)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _retry(value: Any, where: str) -> Any:
+    """A ``retry:`` mapping (attempts, backoff_s, max_backoff_s, timeout_s), each field checked."""
+    from wdsr.store.remote import Retry
+
+    if isinstance(value, Retry):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: retry must be a mapping of {', '.join(_RETRY)}, got {brief(value)}")
+    fields = {}
+    for key, item in value.items():
+        if key not in _RETRY:
+            raise ConfigError(f"{where}: retry: unknown field {brief(key)} (known: {', '.join(_RETRY)})")
+        lo, hi, integer = _RETRY[key]
+        fields[key] = _number(f"retry.{key}", item, lo, hi, integer, lo_open=key == "timeout_s")
+    try:
+        return Retry(**fields)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: retry: {exc}") from None
 
 
 def dataset_config(settings: dict[str, Any], where: str) -> DatasetConfig:
@@ -149,120 +197,195 @@ def dataset_config(settings: dict[str, Any], where: str) -> DatasetConfig:
         if value is None and not optional:
             continue  # null for an option that cannot be None: the DatasetConfig default
         if name in _SIZES and value is not None:
+            label = flag(name) if where == "flags" else f"{where}: {name}"
+            if isinstance(value, str) and len(value) > 40 or not isinstance(value, (str, int, float)) or isinstance(value, bool):
+                raise ConfigError(f"{label}: not a size: {brief(value)} (examples: 20GB, 500MiB)")
+            if not isinstance(value, str) and not 0 <= value <= 1 << 40:  # no huge int reaches parse_size's message
+                raise ConfigError(f"{label}: not a size under 1 TiB: {brief(value)}")
             try:
                 value = parse_size(value, unit="GB")
             except Exception as exc:  # argparse.ArgumentTypeError: one clear line
-                raise ValueError(f"{where}: {name}: {exc}") from None
-        elif name == "retry" and isinstance(value, dict):
-            from wdsr.store.remote import Retry
-
-            try:
-                value = Retry(**value)
-            except TypeError as exc:
-                raise ValueError(f"{where}: retry: {exc}") from None
+                raise ConfigError(f"{label}: {exc}") from None
+            if value == 0:
+                raise ConfigError(f"{label} is 0 bytes: give a size, or leave it unset (null) for no limit")
+        elif name == "retry":
+            value = _retry(value, where)
         elif str(types[name]).replace(" | None", "") in _TYPES:
             value = _coerce(name, types[name], value)
-        opts[name] = value
+        opts[name] = value  # the enums: DatasetConfig checks their names
     _check_flags(opts)
     try:
         return DatasetConfig(**opts)
-    except TypeError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 _TYPES: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str}
+_ENUMS = {e.__name__: e for e in (ModelName, Amp, Schedule, Device)}
 
 
 def _coerce(name: str, annotation: Any, value: Any) -> Any:
-    """Check a value against the field's type; accept what a YAML/JSON file or argparse gives."""
+    """Check a value against the field's type and range; accept what a YAML/JSON file or argparse gives."""
     text = str(annotation)
     optional = "None" in text
     if value is None:
         if optional:
             return None
-        raise ValueError(f"{name} must be set")
+        raise ConfigError(f"{flag(name)} must be set")
     base = text.replace(" | None", "").strip()
-    for enum_type in (ModelName, Amp, Schedule, Device):
-        if base == enum_type.__name__:
-            try:
-                return enum_type(value)
-            except ValueError:
-                choices = ", ".join(m.value for m in enum_type)
-                raise ValueError(f"{name}: {value!r} is not one of {choices}") from None
+    if base in _ENUMS:
+        enum_type = _ENUMS[base]
+        if isinstance(value, str) and len(value) <= 64 and value in {m.value for m in enum_type}:
+            return enum_type(value)
+        raise ConfigError(f"{flag(name)}: {brief(value)} is not one of {', '.join(m.value for m in enum_type)}")
     kind = _TYPES[base]
     if kind is bool:
         if isinstance(value, bool):
             return value
-        raise ValueError(f"{name} must be true or false, got {value!r}")
-    if kind is int:
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ValueError(f"{name} must be an integer, got {value!r}")
-        try:
-            return int(value)
-        except ValueError:
-            raise ValueError(f"{name} must be an integer, got {value!r}") from None
-    if kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ValueError(f"{name} must be a number, got {value!r}")
-        try:
-            return float(value)
-        except ValueError:
-            raise ValueError(f"{name} must be a number, got {value!r}") from None
-    if not isinstance(value, str):
-        raise ValueError(f"{name} must be a string, got {value!r}")
+        raise ConfigError(f"{flag(name)} must be true or false, got {brief(value)}")
+    if kind in (int, float):
+        if isinstance(value, str):  # a number written as text ("2e-4": YAML 1.1 reads it as a string)
+            value = _parse_number(name, value, kind)
+        lo, hi, lo_open = TRAIN_LIMITS.get(name) or (*LIMITS.get(name, (-BIG, BIG)), False)
+        return _number(flag(name), value, lo, hi, kind is int, lo_open)
+    if not isinstance(value, str) or len(value) > MAX_PATH_CHARS:
+        raise ConfigError(f"{flag(name)} must be a string of at most {MAX_PATH_CHARS} characters, got {brief(value)}")
     return value
+
+
+def _parse_number(name: str, text: str, kind: type) -> Any:
+    try:
+        if len(text) > 40:
+            raise ValueError
+        return int(text) if kind is int else float(text)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise ConfigError(f"{flag(name)} must be {what}, got {brief(text)}") from None
 
 
 _ALIASES = {"k": "patches_per_image"}
 _FLAGS_ONLY = {"resume", "check"}  # what to do with the run, not how to train it
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config file is a page of settings; anything larger is refused unread
+MAX_ITEMS = 10_000  # values in a config once YAML aliases are expanded (a "billion laughs" is refused)
+
+
+def _expanded_items(value: Any, where: str) -> None:
+    """Count what walking ``value`` would visit (aliases count each time they are used); refuse a
+    value larger than ``MAX_ITEMS`` before anything repr()s, copies or iterates it."""
+    stack, seen = [value], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > MAX_ITEMS:
+            raise ConfigError(f"{where}: more than {MAX_ITEMS} values once YAML aliases are expanded; refused")
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+
+
 def normalise_keys(d: dict[str, Any], where: str) -> dict[str, Any]:
+    """Flag names (``patch-size``, ``patch_size``, ``k``; a ``dataset:`` mapping one level down) -> field
+    names; an unknown name, or one setting given under two names, is an error naming them."""
     known = ({f.name for f in dataclasses.fields(TrainConfig)} | set(DATASET_KEYS)) - {"dataset"}
-    nested = d.get("dataset")
-    if isinstance(nested, dict):  # a ``dataset:`` mapping in a config file: the same keys, one level down
-        d = {**{k: v for k, v in d.items() if k != "dataset"}, **nested}
-    out = {}
-    for key, value in d.items():
-        name = _ALIASES.get(str(key), str(key).replace("-", "_"))
-        if name not in known or name in _FLAGS_ONLY and where != "flags":
-            raise ValueError(f"{where}: unknown setting {key!r} (known: {', '.join(sorted(known - _FLAGS_ONLY))})")
+    items = [(key, value, "") for key, value in d.items() if key != "dataset"]
+    if "dataset" in d:  # a ``dataset:`` mapping in a config file: the train set's options, one level down
+        if not isinstance(d["dataset"], dict):
+            raise ConfigError(f"{where}: dataset must be a mapping of the train set's options, got {brief(d['dataset'])}")
+        items += [(key, value, "dataset.") for key, value in d["dataset"].items()]
+    out: dict[str, Any] = {}
+    given: dict[str, str] = {}  # field name -> how it was spelled
+    for key, value, prefix in items:
+        if not isinstance(key, str) or len(key) > 64:
+            raise ConfigError(f"{where}: a setting name must be a short string, got {brief(key)}")
+        name = _ALIASES.get(key, key.replace("-", "_"))
+        if name not in known or name in _FLAGS_ONLY and where != "flags" or prefix and name not in DATASET_KEYS:
+            choices = sorted(set(DATASET_KEYS) if prefix else known - _FLAGS_ONLY)
+            raise ConfigError(f"{where}: unknown setting {brief(prefix + key)} (known: {', '.join(choices)})")
+        if name in given:
+            raise ConfigError(f"{where}: {given[name]!r} and {prefix + key!r} both set {name}; give it once")
+        given[name] = prefix + key
         out[name] = value
     return out
 
 
+def _strict_yaml() -> Any:
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last silently)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[str] = set()
+            for key_node, _ in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                    if key_node.value in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"{brief(key_node.value)} is given twice", key_node.start_mark
+                        )
+                    seen.add(key_node.value)
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
+
+
+def _no_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"{brief(key)} is given twice")
+        out[key] = value
+    return out
+
+
 def load_file(path: str) -> dict[str, Any]:
-    """Settings from a ``.yaml``/``.yml`` or ``.json`` file (a mapping of flag names to values)."""
-    p = Path(path)
+    """Settings from a ``.yaml``/``.yml`` or ``.json`` file (a mapping of flag names to values), at most
+    ``MAX_CONFIG_BYTES``; a regular file only (a FIFO would block the read)."""
+    label = f"--config {brief(path) if len(path) > MAX_PATH_CHARS else path}"
     try:
-        text = p.read_text()
+        with storage.open_regular(path) as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
-        raise ValueError(f"--config {path}: cannot read ({exc.strerror or exc})") from None
+        raise ConfigError(f"{label}: cannot read ({exc.strerror or exc})") from None
+    except ValueError as exc:  # InputError: a FIFO, a device, a folder
+        raise ConfigError(f"--config {exc}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{label}: over {MAX_CONFIG_BYTES >> 20} MiB; a config file is a page of settings")
+    json_file = path.lower().endswith(".json")
     try:
-        if p.suffix.lower() == ".json":
-            d = json.loads(text)
+        if json_file:
+            d = json.loads(data, object_pairs_hook=_no_twice)
         else:
             import yaml
 
-            d = yaml.safe_load(text)
+            d = yaml.load(data, Loader=_strict_yaml())  # noqa: S506 - a SafeLoader subclass
     except Exception as exc:  # noqa: BLE001 - any parse error becomes one clear line
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ValueError(f"--config {path}: not valid {'JSON' if p.suffix.lower() == '.json' else 'YAML'} ({first})") from None
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{label}: not valid {'JSON' if json_file else 'YAML'} ({first})") from None
     if d is None:
         return {}
+    _expanded_items(d, label)
     if not isinstance(d, dict):
-        raise ValueError(f"--config {path}: expected a mapping of setting names to values")
-    return normalise_keys(d, f"--config {path}")
+        raise ConfigError(f"{label}: expected a mapping of setting names to values, got {brief(d)}")
+    return normalise_keys(d, label)
 
 
 def make_config(flags: dict[str, Any]) -> TrainConfig:
     """The file named by ``flags['config']`` (if any), then the flags on top."""
     flags = dict(flags)
     path = flags.pop("config", None)
+    if path is not None and not isinstance(path, str):
+        raise ConfigError(f"--config must be a file name, got {brief(path)}")
     merged = load_file(path) if path else {}
+    _expanded_items(flags, "flags")
     merged.update(normalise_keys(flags, "flags"))
     for required in ("data", "out"):
         if not merged.get(required):
-            raise ValueError(f"--{required} is required (on the command line or in --config)")
+            raise ConfigError(f"--{required} is required (on the command line or in --config)")
     data = {k: merged.pop(k) for k in list(merged) if k in DATASET_KEYS}
-    return TrainConfig(**merged, dataset=dataset_config(data, "--config" if path else "flags"))
+    try:
+        return TrainConfig(**merged, dataset=dataset_config(data, "--config" if path else "flags"))
+    except TypeError as exc:  # a TrainConfig field given a value of no use (cannot happen through the names above)
+        raise ConfigError(f"settings: {exc}") from None

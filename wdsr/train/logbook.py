@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import sys
 import tempfile
 import time
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-from wdsr.train.checkpoint import RunDir
+from wdsr.train.checkpoint import Diverged, RunDir
 from wdsr.train.config import TrainConfig
 from wdsr.train.context import Ctx
 
@@ -91,12 +92,28 @@ class Window:
     loss: torch.Tensor  # summed on the device, read only when logging
 
 
+def diverged_message(cfg: TrainConfig, run: RunDir | None, step: int, what: str) -> str:
+    """One line: what went inf/NaN by which step, and the checkpoint the run can go back to."""
+    try:
+        run = run or RunDir(cfg.out)
+        latest = run.latest()
+    except (ValueError, OSError):
+        latest = None
+    kept = f"{cfg.out}/{latest['path']} (step {latest['step']})" if latest else "none was written"
+    return (
+        f"training diverged: {what} went inf/NaN by step {step} (--lr {cfg.lr:g}; try a lower one); "
+        f"nothing after the last good checkpoint was saved: {kept}"
+    )
+
+
 def log_window(
     cfg: TrainConfig, ctx: Ctx, metrics: MetricsLog | None, bar: Any, win: Window, step: int, epoch: int, lr: float
 ) -> None:
     now = time.perf_counter()
     elapsed = max(now - win.t, 1e-9)
     loss_sum, steps_sum, wait_sum, time_sum = ctx.all_sum([float(win.loss), win.steps, win.wait, elapsed])
+    if not math.isfinite(loss_sum):  # summed over the ranks: every rank stops here, at the same step
+        raise Diverged(diverged_message(cfg, metrics.run if metrics is not None else None, step, "the loss"))
     patches = cfg.dataset.batch_size * steps_sum / max(time_sum / ctx.world, 1e-9)
     record = {
         "step": step,

@@ -21,12 +21,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from shardmaker.errors import brief
 from wdsr.dataset import SRDataset
 from wdsr.loader import LoaderStateError, SRLoader, make_loader, sample_meta, to_float
-from wdsr.train.checkpoint import FORMAT, RunDir, RunError
+from wdsr.train.checkpoint import FORMAT, Diverged, RunDir, RunError
 from wdsr.train.config import Amp, Schedule, TrainConfig
 from wdsr.train.context import Ctx, setup
-from wdsr.train.logbook import MetricsLog, Window, log_val, log_window, progress_bar
+from wdsr.train.logbook import MetricsLog, Window, diverged_message, log_val, log_window, progress_bar
 from wdsr.train.models import build_model
 from wdsr.train.validate import validate
 
@@ -101,6 +102,9 @@ def train(cfg: TrainConfig) -> int:
     resume_state = run.load_latest() if cfg.resume else None
     if resume_state is not None:
         _check_resume(resume_state, cfg, run)
+        cpu = Ctx(0, 1, torch.device("cpu"), None)  # the checkpoint loaded into this model once, before any worker
+        where = f"{run.url}/{(run.latest() or {}).get('path')}"
+        _build_model(cfg, cpu, int(sample_meta(train_ds).get("channels", 3)), 1, resume_state, where)
     elif not cfg.resume and (run.has_checkpoints() or run.run_info() is not None):  # every rank checks: none hangs
         raise RunError(
             f"{cfg.out} already holds a training run (checkpoints or run.json); pass --resume to "
@@ -124,11 +128,29 @@ def train(cfg: TrainConfig) -> int:
             dist.destroy_process_group()
 
 
+# what a resumed run cannot change: the checkpoint's weights would not fit, or mean something else
+_FIXED = ("model", "scale")
+# what a resume may change, but a researcher should see changed (run.json is the settings of the last start)
+_NOTED = ("data", "lr", "schedule", "lr_step", "lr_gamma", "patch_size", "patches_per_image", "batch_size", "seed")
+
+
 def _check_resume(state: dict[str, Any], cfg: TrainConfig, run: RunDir) -> None:
-    saved = state.get("config", {})
-    for key in ("model", "scale"):
-        if saved.get(key) != cfg.dict[key]:
-            raise RunError(f"--resume: {run.url} was trained with {key}={saved.get(key)!r}, not {cfg.dict[key]!r}")
+    """The checkpoint's and run.json's settings against this start: model and scale must match; other
+    changed settings are logged. run.json, if there, must be this format's."""
+    now = cfg.dict
+    info = run.run_info()
+    if info is not None and (info.get("format") != FORMAT or not isinstance(info.get("config"), dict)):
+        raise RunError(f"{run.url}/run.json: not a {FORMAT} run (its 'format' or 'config' is missing or wrong)")
+    for label, saved in ((f"{run.url}/run.json", info and info["config"]), ("the checkpoint", state["config"])):
+        if saved is None:
+            continue
+        for key in _FIXED:
+            if saved.get(key) != now[key]:
+                raise RunError(f"--resume: {run.url} was trained with {key}={brief(saved.get(key))} ({label}), not {now[key]!r}")
+    if info is not None:
+        changed = [f"{k} {brief(info['config'].get(k))} -> {brief(now[k])}" for k in _NOTED if info["config"].get(k) != now[k]]
+        if changed:
+            log.warning("resuming %s with changed settings (run.json is rewritten): %s", run.url, "; ".join(changed))
 
 
 @dataclasses.dataclass
@@ -156,7 +178,9 @@ class _Model:
         return loss.detach(), step_lr
 
 
-def _build_model(cfg: TrainConfig, ctx: Ctx, channels: int, total: int, state: dict[str, Any] | None) -> _Model:
+def _build_model(
+    cfg: TrainConfig, ctx: Ctx, channels: int, total: int, state: dict[str, Any] | None, where: str = "checkpoint"
+) -> _Model:
     torch.manual_seed(cfg.dataset.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     model = build_model(cfg.model, cfg.dataset.scale, channels).to(ctx.device)
     if ctx.device.type == "cuda":
@@ -166,11 +190,7 @@ def _build_model(cfg: TrainConfig, ctx: Ctx, channels: int, total: int, state: d
     amp_dtype, use_scaler = amp_setting(cfg.amp, ctx.device)
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=use_scaler)
     if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        torch.set_rng_state(state["rng"]["torch"])
+        _restore(model, opt, sched, scaler, state, where)
     run_model: nn.Module = model
     if ctx.world > 1:
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
@@ -178,10 +198,49 @@ def _build_model(cfg: TrainConfig, ctx: Ctx, channels: int, total: int, state: d
     return _Model(model, run_model, opt, sched, scaler, amp_dtype)
 
 
+def _restore(model: nn.Module, opt: Any, sched: Any, scaler: Any, state: dict[str, Any], where: str) -> None:
+    """A checkpoint's weights, optimizer, schedule, scaler and RNG into this run's; a checkpoint that does
+    not fit (another architecture, shapes, a hand-made file) is one RunError naming it."""
+    try:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        for group in opt.param_groups:
+            for param in group["params"]:
+                for name, value in opt.state.get(param, {}).items():
+                    if name.startswith("exp_avg") and getattr(value, "shape", None) != param.shape:
+                        raise ValueError(f"optimizer state {name} has shape {tuple(value.shape)}, not {tuple(param.shape)}")
+        sched.load_state_dict(state["scheduler"])
+        scaler.load_state_dict(state["scaler"])
+        torch.set_rng_state(state["rng"]["torch"])
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        text = " ".join(line.strip() for line in str(exc).strip().splitlines()[:3])[:200] or type(exc).__name__
+        raise RunError(f"{where}: does not fit this {type(model).__name__} x{state['config'].get('scale')} ({text})") from None
+
+
+def _finite(m: _Model, win: Window | None) -> str | None:
+    """What went inf/NaN (the window's loss, the weights), or None: read at log and checkpoint steps only."""
+    if not all(bool(torch.isfinite(p).all()) for p in m.model.parameters()):
+        return "the weights"
+    if win is not None and not bool(torch.isfinite(win.loss)):
+        return "the loss"
+    return None
+
+
 def _checkpoint(
-    cfg: TrainConfig, ctx: Ctx, run: RunDir, m: _Model, loader: SRLoader, step: int, metrics: MetricsLog | None
+    cfg: TrainConfig,
+    ctx: Ctx,
+    run: RunDir,
+    m: _Model,
+    loader: SRLoader,
+    step: int,
+    metrics: MetricsLog | None,
+    win: Window | None = None,
 ) -> None:
-    """Rank 0 writes; the epoch recorded is the one to continue (a finished epoch counts as the next)."""
+    """Rank 0 writes; the epoch recorded is the one to continue (a finished epoch counts as the next).
+    Never weights that went inf/NaN: every rank checks, all stop with :class:`Diverged` together."""
+    bad = _finite(m, win)
+    if ctx.all_sum([1.0 if bad else 0.0])[0] > 0:
+        raise Diverged(diverged_message(cfg, run, step, bad or "another rank's loss or weights"))
     if ctx.rank != 0:
         return
     at = loader.state_dict()  # the data position, which also knows a re-planned (elastic) epoch
@@ -234,40 +293,49 @@ def _loop(
     win = Window(time.perf_counter(), 0.0, 0, torch.zeros((), device=ctx.device))
     last_ckpt = step if state is not None else -1
     stopped = False
-    while step < total and not stopped:
-        it = iter(loader)  # the loader owns the epoch: the resumed one first, then one more per pass
-        epoch = loader.epoch
-        while step < total:
-            t0 = time.perf_counter()
-            item = next(it, None)
-            if item is None:
-                break
-            win.wait += time.perf_counter() - t0
-            x = to_float(item[0].to(ctx.device, non_blocking=True))
-            y = to_float(item[1].to(ctx.device, non_blocking=True))
-            if ctx.device.type == "cuda":
-                x = x.contiguous(memory_format=torch.channels_last)
-            loss, step_lr = m.step(x, y, ctx.device)
-            step += 1
-            win.steps += 1
-            win.loss += loss  # read at log steps only: no device sync per step
-            stopped = ctx.all_sum([1.0 if stop.requested else 0.0])[0] > 0
-            if bar is not None:
-                bar.update(1)
-            if step % cfg.log_every == 0 or step == total or stopped:
-                log_window(cfg, ctx, metrics, bar, win, step, epoch, step_lr)
-            if val_ds is not None and step % cfg.val_every == 0:
-                log_val(cfg, ctx, metrics, bar, validate(m.model, val_ds, cfg, ctx), step, epoch)
-                win.t = time.perf_counter()
-            if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == total or stopped:
-                _checkpoint(cfg, ctx, run, m, loader, step, metrics)
-                last_ckpt = step
-            if stopped:
-                break
-        if hasattr(it, "close"):
-            it.close()
-    if last_ckpt != step:
-        _checkpoint(cfg, ctx, run, m, loader, step, metrics)
+    try:
+        while step < total and not stopped:
+            it = iter(loader)  # the loader owns the epoch: the resumed one first, then one more per pass
+            epoch = loader.epoch
+            try:
+                while step < total:
+                    t0 = time.perf_counter()
+                    item = next(it, None)
+                    if item is None:
+                        break
+                    win.wait += time.perf_counter() - t0
+                    x = to_float(item[0].to(ctx.device, non_blocking=True))
+                    y = to_float(item[1].to(ctx.device, non_blocking=True))
+                    if ctx.device.type == "cuda":
+                        x = x.contiguous(memory_format=torch.channels_last)
+                    loss, step_lr = m.step(x, y, ctx.device)
+                    step += 1
+                    win.steps += 1
+                    win.loss += loss  # read at log and checkpoint steps only: no device sync per step
+                    stopped = ctx.all_sum([1.0 if stop.requested else 0.0])[0] > 0
+                    if bar is not None:
+                        bar.update(1)
+                    if step % cfg.log_every == 0 or step == total or stopped:
+                        log_window(cfg, ctx, metrics, bar, win, step, epoch, step_lr)
+                    if val_ds is not None and step % cfg.val_every == 0:
+                        log_val(cfg, ctx, metrics, bar, validate(m.model, val_ds, cfg, ctx), step, epoch)
+                        win.t = time.perf_counter()
+                    if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == total or stopped:
+                        _checkpoint(cfg, ctx, run, m, loader, step, metrics, win)
+                        last_ckpt = step
+                    if stopped:
+                        break
+            finally:
+                if hasattr(it, "close"):
+                    it.close()
+        if last_ckpt != step:
+            _checkpoint(cfg, ctx, run, m, loader, step, metrics, win)
+    except Diverged:
+        if metrics is not None:  # the last line of metrics.jsonl says so (plots end there)
+            metrics.write({"step": step, "epoch": loader.epoch, "event": "diverged"})
+            metrics.sync()
+            metrics.close()
+        raise
     _finish(ctx, m, metrics, bar, step, loader.state_dict()["epoch"], stopped)
     return EXIT_PEER_STOPPED if stopped and not stop.requested else 0
 
