@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import logging
 import os
+import posixpath
 import signal
 import sys
 from typing import Any
@@ -372,6 +374,14 @@ def _build(args: argparse.Namespace) -> int:
         for s in res.skipped[:_LISTED]:
             print(f"  {s.path}: {s.reason}")
         _and_more(len(res.skipped))
+    if res.ignored:
+        exts = collections.Counter(posixpath.splitext(p)[1].lower() or "(no extension)" for p in res.ignored)
+        kinds = ", ".join(f"{n} {e}" for e, n in sorted(exts.items(), key=lambda en: (-en[1], en[0])))
+        print(f"ignored {len(res.ignored)} file(s) that are not images ({kinds}):")
+        for p in res.ignored[:_LISTED]:
+            print(f"  {p}")
+        if len(res.ignored) > _LISTED:
+            print(f"  ... and {len(res.ignored) - _LISTED} more")
     if not res.complete:
         print("this was one part: run `shardmaker merge OUT` once every part has finished")
     return 0

@@ -199,6 +199,22 @@ def test_an_out_inside_the_sources_is_refused(capsys, tmp_path, hr_tree):
     assert sm(capsys, "build", hr_tree, tmp_path / "beside", "--max-samples", "2")[0] == 0  # beside it is fine
 
 
+def test_files_that_are_not_images_are_listed_in_the_summary(capsys, tmp_path, hr_tree):
+    """notes.txt and a README beside the photos are left out of the dataset and named in the summary,
+    never silently (hidden files, .DS_Store and the like, are not listed); the manifest is unchanged."""
+    clean = tmp_path / "clean"
+    assert sm(capsys, "build", hr_tree, clean)[0] == 0
+    (Path(hr_tree) / "notes.txt").write_text("where these came from")
+    (Path(hr_tree) / "b" / "README").write_text("x")
+    (Path(hr_tree) / "a" / ".DS_Store").write_bytes(b"\0")
+    rc, so, _ = sm(capsys, "build", hr_tree, tmp_path / "o")
+    assert rc == 0
+    assert "ignored 2 file(s) that are not images (1 (no extension), 1 .txt):" in so, so
+    assert str(Path(hr_tree) / "notes.txt") in so and str(Path(hr_tree) / "b" / "README") in so
+    assert ".DS_Store" not in so
+    assert (tmp_path / "o" / "manifest.json").read_bytes() == (clean / "manifest.json").read_bytes()
+
+
 def test_verify_names_shard_and_key(capsys, tmp_path, hr_tree):
     out = tmp_path / "o"
     assert sm(capsys, "build", hr_tree, out, "--max-samples", "3")[0] == 0

@@ -108,8 +108,8 @@ def test_a_pattern_needs_lr_folders(capsys, tmp_path):
 def test_the_pattern_is_part_of_the_fingerprint(capsys, tmp_path, refdata):
     hr, lr = _set5(refdata, tmp_path, "{stem}x{s}")
     opts = BuildConfig(hr_src=str(hr), out=str(tmp_path / "out"), lr_srcs=(str(lr),))
-    pairs, _ = scan_sources([str(hr)], [str(lr)])
-    same, _ = scan_sources([str(hr)], [str(lr)], lr_pattern="{stem}x{s}")
+    pairs, _, _ = scan_sources([str(hr)], [str(lr)])
+    same, _, _ = scan_sources([str(hr)], [str(lr)], lr_pattern="{stem}x{s}")
     assert same == pairs  # the default rule and this pattern pair alike...
     with_pattern = dataclasses.replace(opts, lr_pattern="{stem}x{s}")
     assert fingerprint(pairs, with_pattern) != fingerprint(pairs, opts)  # ...but a build with it is another build

@@ -63,6 +63,7 @@ class BuildResult:
     seconds: float
     complete: bool  # False for a part: run `shardmaker merge` once every part is done
     manifest_url: str = ""  # manifest_path as a URL (s3://bucket/...; local paths stay plain)
+    ignored: list[str] = dataclasses.field(default_factory=list)  # source files that are not images (notes.txt)
 
 
 def shard_name(index: int, part: tuple[int, int] | None) -> str:

@@ -226,7 +226,7 @@ def build(opts: BuildConfig) -> BuildResult:
     """Run a whole (or part) build; see the module docstring for the crash-safety contract."""
     t0 = time.perf_counter()
     _refuse_out_inside_sources(opts)
-    pairs, skipped_scan = scan_sources(
+    pairs, skipped_scan, ignored = scan_sources(
         _hr_sources(opts), opts.lr_srcs, opts.sample.mod_crop, opts.on_error, opts.sample.storage_options, opts.lr_pattern
     )
     pairs, bad_keys = _good_keys(pairs, opts.on_error)
@@ -248,7 +248,7 @@ def build(opts: BuildConfig) -> BuildResult:
         raise BuildError(f"{opts.out}: is a file, not a folder for shards")
     lock = ".shardmaker.lock" if opts.part is None else f".shardmaker-part-{opts.part[0]:04d}.lock"
     with outdir.locked(out.fs, out.root, opts.out, lock):
-        return _build_locked(opts, out, pairs, skipped_scan, t0)
+        return dataclasses.replace(_build_locked(opts, out, pairs, skipped_scan, t0), ignored=ignored)
 
 
 def _build_locked(opts: BuildConfig, out: Output, pairs: list[Pair], skipped_scan: list[Skipped], t0: float) -> BuildResult:

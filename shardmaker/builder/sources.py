@@ -92,17 +92,26 @@ def _stamp(info: dict[str, Any]) -> str:
     return f"{info.get('size')}:{tag}"
 
 
-def _list_images(fs: fsspec.AbstractFileSystem, root: str, exclude: Iterable[str] = (), problem: Any = None) -> dict[str, str]:
+def _list_images(
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    exclude: Iterable[str] = (),
+    problem: Any = None,
+    ignored: list[str] | None = None,
+) -> dict[str, str]:
     """Image files under ``root``: path -> stamp. Files that are not regular files (FIFOs,
-    sockets, devices) and names that are not UTF-8 are reported to ``problem`` and left out.
+    sockets, devices) and names that are not UTF-8 are reported to ``problem`` and left out; files
+    without an image extension (``notes.txt``) are added to ``ignored`` (hidden files are not).
     Symbolic links are followed, also where they point outside ``root``."""
     excluded = [e.rstrip("/") + "/" for e in exclude]
     found = {}
     for path, info in sorted(fs.find(root, detail=True).items()):
         base = posixpath.basename(path)
-        if base.startswith(".") or not base.lower().endswith(codecs.SOURCE_EXTENSIONS):
+        if base.startswith(".") or any(path.startswith(e) for e in excluded):
             continue
-        if any(path.startswith(e) for e in excluded):
+        if not base.lower().endswith(codecs.SOURCE_EXTENSIONS):
+            if ignored is not None:
+                ignored.append(storage.url_of(fs, path))
             continue
         try:
             path.encode("utf-8")
@@ -124,9 +133,10 @@ def scan_sources(
     on_error: OnError = OnError.FAIL,
     storage_options: dict[str, Any] | None = None,
     lr_pattern: str | None = None,
-) -> tuple[list[Pair], list[Skipped]]:
-    """Pairs from one or several HR sources: folders, or brace patterns of image files
-    (``photos/{0001..0800}.png``). One folder is :func:`scan` itself. Otherwise each source's keys
+) -> tuple[list[Pair], list[Skipped], list[str]]:
+    """Pairs (with the skipped sources and the files that are not images, as :func:`scan`) from one
+    or several HR sources: folders, or brace patterns of image files (``photos/{0001..0800}.png``).
+    One folder is :func:`scan` itself. Otherwise each source's keys
     start with its path relative to the sources' common folder (``DIV2K/0001``, ``Flickr2K/000001``),
     so keys from different sources never collide; LR folders (``--lr``) pair with one HR folder only."""
     hr_srcs = list(hr_srcs)
@@ -154,17 +164,19 @@ def scan_sources(
     common = roots[0] if len(roots) == 1 else posixpath.commonpath(roots)  # one pattern: no prefix
     pairs: list[Pair] = []
     skipped: list[Skipped] = []
+    ignored: list[str] = []
     for (url, only), root in zip(groups, roots, strict=True):
         prefix = posixpath.relpath(root, common) if root != common else ""
-        got, skip = scan(url, (), mod_crop, on_error, storage_options, only=only, key_prefix=prefix)
+        got, skip, other = scan(url, (), mod_crop, on_error, storage_options, only=only, key_prefix=prefix)
         pairs += got
         skipped += skip
+        ignored += other if only is None else []  # a pattern names its files: the others were not asked for
     seen: dict[str, str] = {}
     for p in pairs:
         if p.key in seen:
             raise InputError(p.hr, f"maps to key {p.key!r} like {seen[p.key]} (an image given twice?)")
         seen[p.key] = p.hr
-    return sorted(pairs, key=lambda p: p.key), skipped
+    return sorted(pairs, key=lambda p: p.key), skipped, ignored
 
 
 def _raise(path: str, reason: str) -> None:
@@ -222,6 +234,7 @@ class _Collector:
     def __init__(self, on_error: OnError) -> None:
         self.skip = on_error is OnError.SKIP
         self.skipped: list[Skipped] = []
+        self.ignored: list[str] = []  # files that are not images by their extension: listed, never an error
 
     def problem(self, path: str, reason: str) -> None:
         if not self.skip:
@@ -239,8 +252,9 @@ def scan(
     only: frozenset[str] | None = None,
     key_prefix: str = "",
     lr_pattern: str | None = None,
-) -> tuple[list[Pair], list[Skipped]]:
-    """All pairs under ``hr_url``, sorted by key; problems raise, or are listed when skipping.
+) -> tuple[list[Pair], list[Skipped], list[str]]:
+    """All pairs under ``hr_url``, sorted by key, the problems listed when skipping (else raised) and
+    the files that are not images by their extension.
     ``only``: just these image paths under it; ``key_prefix``: put before every key and relative name;
     ``lr_pattern``: how LR files are named (:func:`lr_name_pattern`; default: same stem or stem + x{s})."""
     lr_urls = list(lr_urls)
@@ -249,7 +263,7 @@ def scan(
     fs, hr_root = _open_root(hr_url, "HR source folder", storage_options)
     lr_roots = [_open_root(u, "LR source folder", storage_options) for u in lr_urls]
     out = _Collector(OnError(on_error))
-    hr_stamps = _list_images(fs, hr_root, exclude=[r for f2, r in lr_roots if f2 is fs], problem=out.problem)
+    hr_stamps = _list_images(fs, hr_root, [r for f2, r in lr_roots if f2 is fs], out.problem, out.ignored)
     if only is not None:
         missing = sorted(only - set(hr_stamps))
         if missing:
@@ -283,7 +297,7 @@ def scan(
                 raise InputError(p.hr, "LR scales differ between samples")
     if not pairs:
         raise InputError(hr_url, "no usable HR/LR pairs (all skipped)")
-    return pairs, out.skipped
+    return pairs, out.skipped, out.ignored
 
 
 @dataclasses.dataclass
@@ -353,7 +367,7 @@ def _match_lr_folder(
     matched: dict[str, str] = {}
     dir_scale: int | None = None
     dir_example = ""
-    lr_stamps = _list_images(lfs, lroot, problem=out.problem)
+    lr_stamps = _list_images(lfs, lroot, problem=out.problem, ignored=out.ignored)
     for lpath in lr_stamps:
         stamps[storage.url_of(lfs, lpath)] = lr_stamps[lpath]
         lrel = posixpath.relpath(lpath, lroot)
