@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
 import numpy as np
 from PIL import Image
 
+from shardmaker import format as fmt
+from wdsr.config import DatasetConfig
 from wdsr.dataset import SRDataset
 from wdsr.tools.cli import main
-from wdsr.tools.preview import LABEL_H
+from wdsr.tools.preview import LABEL_H, TRANSFORMS, label_strip, labelled_patches
 
 
 def test_bench_prints_table_and_compares(photo_shards, tmp_path, capsys):
@@ -76,27 +79,31 @@ def test_bench_with_a_decoded_cache_fills_it_then_decodes_nothing(photo_shards, 
     assert main(["cache", "info", str(cache)]) == 0 and " 10 " in capsys.readouterr().out
 
 
-def test_preview_writes_lr_next_to_hr_under_its_key(photo_shards, tmp_path, capsys):
+def test_preview_writes_lr_next_to_hr_under_its_label(photo_shards, tmp_path, capsys):
+    """Rows are the patches epoch 0 cuts (the stream's own cut_patches), each under the label that
+    names its key, index and transform; the LR half is the LR nearest-upscaled."""
     png = tmp_path / "p.png"
-    assert main(["preview", str(photo_shards), "-o", str(png), "--scale", "4", "--patch-size", "32", "-n", "6"]) == 0
+    argv = ["preview", str(photo_shards), "-o", str(png), "--scale", "4", "--patch-size", "32", "-n", "6"]
+    assert main(argv) == 0
     img = np.asarray(Image.open(png))
     row = LABEL_H + 32 + 4
     assert img.shape == (6 * row - 4, 2 * 32 + 4, 3)
-    left, right = img[LABEL_H : LABEL_H + 32, :32].astype(int), img[LABEL_H : LABEL_H + 32, 36:].astype(int)
-    # the left half is the LR nearest-upscaled: constant 4x4 blocks, close in colour to the HR
-    assert (left[::4, ::4] == left[3::4, 3::4]).all()
-    assert abs(left.mean() - right.mean()) < 8
-    # each row's label is its key: the same key draws the same strip, another key another one
-    ds = SRDataset(
-        str(photo_shards), scale=4, patch_size=32, patches_per_image=2, batch_size=6, shuffle_buffer=64, seed=0, return_keys=True
-    )
-    keys = next(iter(ds))[2]
-    strips = [img[i * row : i * row + LABEL_H] for i in range(6)]
-    assert len(set(keys)) > 1
-    for i in range(6):
-        assert (strips[i] < 100).all(axis=2).sum() > 10  # dark text on white
-        for j in range(6):
-            assert np.array_equal(strips[i], strips[j]) == (keys[i] == keys[j]), (keys[i], keys[j])
+    cfg = DatasetConfig(scale=4, patch_size=32, seed=0)
+    got = labelled_patches(str(photo_shards), cfg, 6)
+    assert len({label.split()[0] for _, label in got}) == 3  # two patches from each of the first 3 images
+    assert len({p.t for p, _ in got}) > 1 and all(label.endswith(TRANSFORMS[p.t]) for p, label in got)
+    m = fmt.load(str(photo_shards))
+    assert [label.split()[0] for _, label in got] == [k for k in m.shards[0].keys[:3] for _ in range(2)]
+    # they are patches training gets: epoch 0 of the stream (k=2, any batch size) holds each of them
+    train = SRDataset(str(photo_shards), config=dataclasses.replace(cfg, patches_per_image=2, batch_size=2, return_keys=True))
+    streamed = {(key, hr.numpy().tobytes()) for _, hrs, keys in train for hr, key in zip(hrs, keys, strict=True)}
+    assert all((label.split()[0], p.hr.tobytes()) in streamed for p, label in got)
+    for i, (patch, label) in enumerate(got):
+        top = i * row
+        np.testing.assert_array_equal(img[top : top + LABEL_H], label_strip(label, 2 * 32 + 4))
+        lr, hr = img[top + LABEL_H : top + LABEL_H + 32, :32], img[top + LABEL_H : top + LABEL_H + 32, 36:]
+        np.testing.assert_array_equal(lr, patch.lr.transpose(1, 2, 0).repeat(4, axis=0).repeat(4, axis=1))
+        np.testing.assert_array_equal(hr, patch.hr.transpose(1, 2, 0))
 
 
 def test_the_progress_bar_shows_the_loss_and_patches_per_s(photo_shards, tmp_path, capsys, monkeypatch):

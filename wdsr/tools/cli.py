@@ -64,15 +64,18 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     v = sub.add_parser(
         "preview",
-        help="write a contact sheet of LR (nearest-upscaled) | HR patch pairs, labelled with their keys",
-        description="Draw patches as the training loop sees them (augmented), LR left of its HR, each pair "
-        "under the key of its image.",
+        help="write a contact sheet of LR (nearest-upscaled) | HR patch pairs, labelled with key and transform",
+        description="Draw patches as epoch 0 of training cuts them (same seed, positions, augmentation and "
+        "flat-patch rejection) from the first images in manifest order, LR left of its HR, each pair under "
+        "its label: the image's key, the patch's index and its transform (rot 90/180/270 counter-clockwise, "
+        "then flip = mirrored left-right).",
     )
     v.add_argument("url", metavar="URL")
     v.add_argument("-o", "--output", required=True, help="PNG file to write (local path or fsspec URL)")
     v.add_argument("--scale", type=int, default=4)
     v.add_argument("--patch-size", type=int, default=128)
     v.add_argument("-n", "--count", type=int, default=8, help="patch pairs to draw (default 8)")
+    v.add_argument("--per-image", type=int, default=2, help="patches cut from each image, in manifest order (default 2)")
     v.add_argument("--seed", type=int, default=0)
     c = sub.add_parser(
         "cache",
@@ -259,20 +262,11 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _preview(args: argparse.Namespace) -> int:
-    from wdsr.dataset import SRDataset
+    from wdsr.config import DatasetConfig
     from wdsr.tools.preview import contact_sheet, write_png
 
-    ds = SRDataset(
-        args.url,
-        scale=args.scale,
-        patch_size=args.patch_size,
-        patches_per_image=2,
-        batch_size=args.count,
-        shuffle_buffer=64,
-        seed=args.seed,
-        return_keys=True,
-    )
-    sheet = contact_sheet(ds, args.count)
+    config = DatasetConfig(scale=args.scale, patch_size=args.patch_size, seed=args.seed)
+    sheet = contact_sheet(args.url, config, args.count, args.per_image)
     write_png(args.output, sheet)
     print(f"wrote {args.output}: {args.count} LR|HR pairs, {sheet.shape[1]}x{sheet.shape[0]}")
     return 0

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from shardmaker.imaging import ResizeMethod, upscale
+from wdsr.config import DatasetConfig
 from wdsr.dataset import SRDataset
 from wdsr.loader import make_loader
 from wdsr.metrics import psnr_y, ssim_y
@@ -37,8 +38,8 @@ def stream_demo(shards: str) -> int:
         f"{n * 16 / dt:.0f} patches/s (worker start-up included)"
     )
     sheet = Path(shards).parent / "preview.png"
-    write_png(str(sheet), contact_sheet(SRDataset(shards, scale=4, patch_size=96, patches_per_image=2, batch_size=8), 8))
-    print(f"   contact sheet of LR|HR patch pairs: {sheet}")
+    write_png(str(sheet), contact_sheet(shards, DatasetConfig(scale=4, patch_size=96), 8))
+    print(f"   contact sheet of LR|HR patch pairs, labelled with key and transform: {sheet}")
     val = make_loader(SRDataset(shards, scale=4, split="val"), num_workers=0)
     psnrs, ssims = [], []
     for item in val:

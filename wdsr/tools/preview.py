@@ -1,42 +1,74 @@
 """``wdsr preview``: a contact sheet of patch pairs, LR (nearest-upscaled) left of its HR, each row under
-the key of the image it was cut from (when the dataset returns keys)."""
+a label: the key of the image it was cut from, the patch's index and its transform.
+
+The patches are the ones epoch 0 of training cuts from the dataset's first images (the stream's own
+``cut_patches``, with the same seed, draws and flat-patch rejection), ``per_image`` from each, in
+manifest order rather than through the shuffle buffer: so each can say what it is."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from shardmaker import imaging
 from shardmaker.imaging import Codec
+from wdsr.config import DatasetConfig, Split
 from wdsr.dataset import SRDataset
+from wdsr.errors import SampleError
+from wdsr.pipeline.decode import DecodedPair
+from wdsr.pipeline.patches import Patch, PatchConfig, cut_patches
 
-LABEL_H = 12  # pixels of the key line above each row
+LABEL_H = 12  # pixels of the label line above each row
+# transform t: rotate t % 4 quarter turns counter-clockwise, then mirror left-right if t >= 4
+TRANSFORMS = ("as is", "rot 90", "rot 180", "rot 270", "flip", "rot 90 + flip", "rot 180 + flip", "rot 270 + flip")
 
 
-def contact_sheet(ds: SRDataset, count: int = 8, gap: int = 4) -> np.ndarray:
-    """HxWx3 uint8 image: one row per patch, ``[LR x s | HR]``; above it its key if ``ds`` returns keys."""
-    s = ds.config.scale
-    rows = []
-    for batch in iter(ds):
-        lr, hr = batch[0], batch[1]
-        keys = batch[2] if ds.config.return_keys else [None] * len(lr)
-        for a, b, key in zip(lr, hr, keys, strict=True):
-            a8, b8 = _rgb8(a.numpy()), _rgb8(b.numpy())
-            up = a8.repeat(s, axis=0).repeat(s, axis=1)
-            sep = np.full((b8.shape[0], gap, 3), 255, np.uint8)
-            row = np.concatenate([up, sep, b8], axis=1)
-            rows.append(row if key is None else np.concatenate([_label(str(key), row.shape[1]), row], axis=0))
-            if len(rows) == count:
-                break
-        if len(rows) == count:
+def label_of(key: str, patch: Patch) -> str:
+    return f"{key}  #{patch.j}  {TRANSFORMS[patch.t]}"
+
+
+def labelled_patches(url: str, config: DatasetConfig, count: int, per_image: int = 2) -> list[tuple[Patch, str]]:
+    """The first ``count`` patches epoch 0 cuts, ``per_image`` from each image in manifest order,
+    each with its label; images too small for a patch are passed over."""
+    val = SRDataset(url, config=dataclasses.replace(config, split=Split.VAL, tile=None, return_keys=False))
+    spec = PatchConfig(config.scale, config.patch_size, config.augment, config.min_patch_std)
+    out: list[tuple[Patch, str]] = []
+    for sample in val:
+        lr, hr = (_hwc(t.numpy()[0]) for t in (sample.lr, sample.hr))
+        pair = DecodedPair("", sample.key, 0, hr, lr, 0, 0)
+        try:
+            patches, _ = cut_patches(pair, spec, config.seed, 0, 0, min(per_image, count - len(out)))
+        except SampleError:
+            continue  # smaller than one patch
+        out += [(p, label_of(sample.key, p)) for p in patches]
+        if len(out) == count:
             break
+    return out
+
+
+def contact_sheet(url: str, config: DatasetConfig, count: int = 8, per_image: int = 2, gap: int = 4) -> np.ndarray:
+    """HxWx3 uint8 image: one row per patch, ``[LR x s | HR]`` under its label (key, index, transform)."""
+    s = config.scale
+    rows = []
+    for patch, label in labelled_patches(url, config, count, per_image):
+        a8, b8 = _rgb8(patch.lr), _rgb8(patch.hr)
+        up = a8.repeat(s, axis=0).repeat(s, axis=1)
+        sep = np.full((b8.shape[0], gap, 3), 255, np.uint8)
+        row = np.concatenate([up, sep, b8], axis=1)
+        rows.append(np.concatenate([label_strip(label, row.shape[1]), row], axis=0))
     if not rows:
-        raise ValueError(f"{ds.url}: no patches to show")
+        raise ValueError(f"{url}: no image is large enough for a {config.patch_size}-pixel patch")
     line = np.full((gap, rows[0].shape[1], 3), 255, np.uint8)
     return np.concatenate([x for r in rows for x in (r, line)][:-1], axis=0)
 
 
-def _label(text: str, width: int) -> np.ndarray:
+def _hwc(chw: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(chw[0] if chw.shape[0] == 1 else chw.transpose(1, 2, 0))
+
+
+def label_strip(text: str, width: int) -> np.ndarray:
     """A white ``LABEL_H x width`` strip with ``text`` in black (cut to fit, ``...`` marking the cut)."""
     img = Image.new("RGB", (width, LABEL_H), "white")
     draw = ImageDraw.Draw(img)
