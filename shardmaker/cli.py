@@ -93,6 +93,15 @@ def _build_parser(sub: Any) -> None:
         help="png (default): 8/16-bit, grey/RGB; qoi: 8-bit RGB only, ~1.8x faster to decode, ~25%% larger",
     )
     b.add_argument(
+        "--tiles",
+        type=_tiles,
+        default="off",
+        metavar="auto|off|N",
+        help="store large images as tiles that a patch decodes only a few of (docs/format.md): auto tiles images "
+        "over 8 Mpx with the smallest side >= 256 every scale divides (256 for x2/x4, 264 with x3); N: that side "
+        "in HR pixels; off (default): whole images",
+    )
+    b.add_argument(
         "--png-level",
         type=int,
         default=1,
@@ -333,6 +342,15 @@ def _and_more(count: int) -> None:
         print(f"  ... and {count - _LISTED} more (the manifest's build.skipped_reasons counts them by reason)")
 
 
+def _tiles(text: str) -> int | str:
+    if text in ("auto", "off"):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto, off or a tile side in pixels, got {brief(text)}") from None
+
+
 def _build(args: argparse.Namespace) -> int:
     # With --lr, the scales come from the LR folders; --scale, if given, must agree with them.
     scales = args.scale or (() if args.lr else (4,))
@@ -345,6 +363,7 @@ def _build(args: argparse.Namespace) -> int:
         mod_crop=args.mod_crop,
         drop_alpha=args.drop_alpha,
         max_pixels=args.max_pixels,
+        tiles=args.tiles,
     )
     opts = BuildConfig(
         hr_src=args.hr_src[0] if len(args.hr_src) == 1 else tuple(args.hr_src),

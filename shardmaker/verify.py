@@ -17,8 +17,11 @@ from shardmaker.errors import InputError
 from shardmaker.format import headers, tario
 from shardmaker.format import manifest as mf
 from shardmaker.format.manifest import Manifest, ShardInfo
+from shardmaker.format.schema import TILED
+from shardmaker.format.tiles import TileFormatError, parse_header
 from shardmaker.imaging import codecs
 from shardmaker.imaging.codecs import ImageDataError
+from shardmaker.imaging.tiled import TiledImage, read_layout
 
 
 def _expected_members(m: Manifest) -> list[str]:
@@ -72,13 +75,52 @@ def _check_pair(
     return problems
 
 
+def _check_tiled(m: Manifest, key: str, members: dict[str, bytes], hr_size: Sequence[int]) -> list[str]:
+    """Deep checks of a sample stored as tiles: each member's layout, every tile's digest, header
+    and decode, HR the manifest's size, every LR on the HR grid at its scale."""
+    problems = []
+    meta = json.loads(members["json"])
+    for name, digest in (meta.get("sha256") or {}).items():
+        if name in members and hashlib.sha256(members[name]).hexdigest() != digest:
+            problems.append(f"{name} sha256 does not match {key}.json")
+    heads = {}
+    for name in [mf.hr_member(TILED)] + [mf.lr_member(s, TILED) for s in m.scales]:
+        try:
+            layout = read_layout(members[name])
+            img = TiledImage(members[name], layout, verify=True)
+            for i in range(layout[0].count):
+                img.tile(i)
+        except (TileFormatError, ImageDataError) as exc:
+            problems.append(f"{name}: {exc}")
+            continue
+        heads[name] = layout[0]
+    hr = heads.get(mf.hr_member(TILED))
+    if hr is None:
+        return problems
+    if [hr.width, hr.height] != list(hr_size):
+        problems.append(f"HR is {hr.width}x{hr.height}, manifest says {list(hr_size)}")
+    for s in m.scales:
+        lr = heads.get(mf.lr_member(s, TILED))
+        if lr is not None and (
+            not mf.pair_fits((hr.height, hr.width), (lr.height, lr.width), s)
+            or lr.tile * s != hr.tile
+            or (lr.channels, lr.bit_depth) != (hr.channels, hr.bit_depth)
+        ):
+            problems.append(f"{mf.lr_member(s, TILED)} ({lr.width}x{lr.height}, tiles of {lr.tile}) is not the x{s} LR of HR")
+    return problems
+
+
 def _kind_problem(m: Manifest, data: bytes, member: str) -> str | None:
     """The HR member's header against the manifest's recorded ``channels`` and ``bit_depth`` (when recorded)."""
     if m.channels is None and m.bit_depth is None:
         return None
     try:
-        head = headers.image_header(data[: headers.HEAD_BYTES], member)
-    except headers.HeaderError as exc:
+        if member == TILED:
+            t = parse_header(data)
+            head = headers.ImageHeader(t.width, t.height, t.channels, t.bit_depth)
+        else:
+            head = headers.image_header(data[: headers.HEAD_BYTES], member)
+    except (headers.HeaderError, TileFormatError) as exc:
         return f"{member}: {exc}"
     if (m.channels or head.channels, m.bit_depth or head.bit_depth) != (head.channels, head.bit_depth):
         return (
@@ -111,14 +153,17 @@ def verify_shard(m: Manifest, info: ShardInfo, data: bytes, deep: bool) -> list[
                 problems.append(f"{where}: sample {i} is {key!r}, manifest says {info.keys[i]!r}")
             if offset != info.offsets[i]:
                 problems.append(f"{where} key {key!r}: starts at byte {offset}, manifest says {info.offsets[i]}")
-            if list(members) != want:
+            tiled = list(members) == mf.sample_members(TILED, m.scales)  # an image stored as tiles
+            if list(members) != want and not tiled:
                 problems.append(f"{where} key {key!r}: members {list(members)}, expected {want}")
                 continue
-            kind = _kind_problem(m, members[mf.hr_member(m.codec)], m.codec)
+            ext = TILED if tiled else m.codec
+            kind = _kind_problem(m, members[mf.hr_member(ext)], ext)
             if kind is not None:
                 problems.append(f"{where} key {key!r}: {kind}")
             if deep:
-                problems += [f"{where} key {key!r}: {p}" for p in _check_pair(m, key, members, info.hr_sizes[i])]
+                check = _check_tiled if tiled else _check_pair
+                problems += [f"{where} key {key!r}: {p}" for p in check(m, key, members, info.hr_sizes[i])]
     except tario.TarFormatError as exc:
         problems.append(f"{where}: {exc}")
     if seen < info.samples:

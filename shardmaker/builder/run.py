@@ -104,6 +104,8 @@ def fingerprint(pairs: list[Pair], opts: BuildConfig) -> str:
     }
     if opts.lr_pattern is not None:  # only when given: fingerprints of builds without one stay valid
         doc["lr_pattern"] = opts.lr_pattern
+    if cfg.tiles != "off":  # the same: untiled builds keep their fingerprints
+        doc["tiles"] = cfg.tiles
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 

@@ -7,6 +7,7 @@ import enum
 import hashlib
 import json
 import posixpath
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -15,12 +16,17 @@ from fsspec.core import url_to_fs
 
 from shardmaker import compat, storage
 from shardmaker.builder.sources import Pair, Skipped
-from shardmaker.errors import InputError, OnError
+from shardmaker.errors import InputError, OnError, brief
 from shardmaker.format import tario
+from shardmaker.format import tiles as tl
 from shardmaker.format.manifest import hr_member, lr_member, pair_fits
+from shardmaker.format.schema import TILED
 from shardmaker.imaging import codecs
 from shardmaker.imaging.codecs import Codec, ImageDataError
 from shardmaker.imaging.resize import ResizeMethod, downscale
+from shardmaker.imaging.tiled import encode_tiled
+
+AUTO_TILE_PIXELS = 8_000_000  # --tiles auto: images over this (a 4K frame is 8.3 M) are stored tiled
 
 
 class LrMethod(str, enum.Enum):
@@ -47,8 +53,16 @@ class SampleConfig:
     drop_alpha: bool = False
     max_pixels: int = 1 << 28
     storage_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    tiles: int | str = "off"  # "off", "auto" (images over AUTO_TILE_PIXELS) or a tile side in HR pixels
 
     def __post_init__(self) -> None:
+        if self.tiles not in ("off", "auto") and not (
+            type(self.tiles) is int and tl.MIN_TILE <= self.tiles <= tl.MAX_TILE and not any(self.tiles % s for s in self.scales)
+        ):
+            raise ValueError(
+                f"tiles must be off, auto or a side in [{tl.MIN_TILE}, {tl.MAX_TILE}] that every scale divides, "
+                f"got {brief(self.tiles)} for scales {list(self.scales)}"
+            )
         try:
             object.__setattr__(self, "lr_method", LrMethod(self.lr_method))
         except ValueError:
@@ -117,17 +131,36 @@ def _lr_images(pair: Pair, hr: np.ndarray, cfg: SampleConfig) -> dict[int, tuple
     return out
 
 
+def tile_side(cfg: SampleConfig, hr_hw: tuple[int, int], scales: Sequence[int]) -> int | None:
+    """The tile side an image of ``hr_hw`` is stored with (None: whole): ``--tiles auto`` tiles
+    images over ``AUTO_TILE_PIXELS`` with the smallest side >= 256 that every scale divides."""
+    if cfg.tiles == "off":
+        return None
+    if cfg.tiles == "auto":
+        return tl.tile_side(scales) if hr_hw[0] * hr_hw[1] > AUTO_TILE_PIXELS else None
+    side = int(cfg.tiles)
+    if any(side % s for s in scales):  # provided LR: the scales come from the LR folders
+        raise ValueError(f"--tiles {side} is not a multiple of every scale {list(scales)}")
+    return side
+
+
+def _encode(img: np.ndarray, cfg: SampleConfig, tile: int | None) -> bytes:
+    return codecs.encode(img, cfg.codec, cfg.png_level) if tile is None else encode_tiled(img, tile, cfg.codec, cfg.png_level)
+
+
 def encode_sample(pair: Pair, cfg: SampleConfig) -> EncodedSample:
-    """Build one sample's tar members: ``{key}.json``, ``{key}.hr.ext``, ``{key}.lr_x{s}.ext``."""
+    """Build one sample's tar members: ``{key}.json``, ``{key}.hr.ext``, ``{key}.lr_x{s}.ext`` (ext
+    ``tiles`` for an image stored tiled: :func:`tile_side`)."""
     hr = _load(pair.hr, cfg)
     h, w = hr.shape[:2]
     lrs = _lr_images(pair, hr, cfg)
-    ext = Codec(cfg.codec).value
+    tile = tile_side(cfg, (h, w), sorted(lrs))
+    ext = Codec(cfg.codec).value if tile is None else TILED
     members: dict[str, bytes] = {}
     try:
-        members[hr_member(ext)] = codecs.encode(hr, cfg.codec, cfg.png_level)
+        members[hr_member(ext)] = _encode(hr, cfg, tile)
         for s, (lr, _) in lrs.items():
-            members[lr_member(s, ext)] = codecs.encode(lr, cfg.codec, cfg.png_level)
+            members[lr_member(s, ext)] = _encode(lr, cfg, None if tile is None else tile // s)
     except ImageDataError as exc:
         raise InputError(pair.hr, str(exc)) from None
     bit_depth, channels = _describe(hr)
@@ -144,6 +177,8 @@ def encode_sample(pair: Pair, cfg: SampleConfig) -> EncodedSample:
         "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in members.items()},
         "xxh3_64": {name: xxhash.xxh3_64_hexdigest(data) for name, data in members.items()},  # fast check when streaming
     }
+    if tile is not None:
+        meta["tiles"] = tile  # HR tile side; each LR member's is tile // s
     if cfg.lr_method is LrMethod.PROVIDED:
         meta["lr_sources"] = {str(s): rel for s, (_, rel) in lrs.items()}
     blob = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()

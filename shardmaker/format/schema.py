@@ -66,6 +66,9 @@ BLOCK = 512  # tar block
 JSON_MEMBER = "json"
 
 
+TILED = "tiles"  # the extension of a tiled member (``{key}.hr.tiles``: shardmaker.format.tiles)
+
+
 def hr_member(codec: str) -> str:
     """A sample's HR member suffix (``{key}.hr.png``)."""
     return f"hr.{codec}"

@@ -16,12 +16,12 @@ __all__ = ["TiledImage", "decode_region", "encode_tiled", "read_layout"]
 def encode_tiled(img: np.ndarray, tile: int, codec: Codec | str = Codec.QOI, png_level: int = 1) -> bytes:
     """``img`` (HxW or HxWx3, uint8/uint16) as a tiled member of ``tile``-pixel tiles.
 
-    QOI holds 8-bit RGB only; grey and 16-bit images take PNG tiles whatever ``codec`` says."""
+    QOI holds 8-bit RGB only (``ImageDataError`` otherwise, as for a whole image)."""
     codec = Codec(codec)
     channels = 1 if img.ndim == 2 else img.shape[2]
     depth = 8 * img.dtype.itemsize
     if codec is Codec.QOI and (channels, depth) != (3, 8):
-        codec = Codec.PNG
+        raise ImageDataError("QOI stores 8-bit RGB only; use --codec png for grey or 16-bit images")
     h = tl.TiledHeader(img.shape[1], img.shape[0], tile, channels, depth, codec.value)
     parts = []
     for i in range(h.count):

@@ -22,9 +22,10 @@ import xxhash
 
 from shardmaker import format as fmt
 from shardmaker import imaging
-from shardmaker.format import JSON_MEMBER, Manifest, pair_fits
+from shardmaker.format import JSON_MEMBER, TILED, Manifest, hr_member, lr_member, pair_fits
 from shardmaker.imaging import ImageDataError
 from wdsr.errors import SampleError
+from wdsr.pipeline import tiled
 from wdsr.pipeline.read import RawSample
 
 
@@ -45,8 +46,15 @@ class DecodedPair:
         shape = self.lr.shape
         return (shape[1], shape[2]) if self.chw else (shape[0], shape[1])
 
+    @property
+    def tiled(self) -> bool:
+        """HR and LR are lazily decoded tiled images (``shardmaker.imaging.TiledImage``), not arrays."""
+        return not isinstance(self.hr, np.ndarray)
+
     def hwc(self) -> tuple[np.ndarray, np.ndarray]:
-        """(HR, LR) as H x W [x C] arrays (views of planar ones)."""
+        """(HR, LR) as H x W [x C] arrays (views of planar ones; a tiled pair decoded whole)."""
+        if self.tiled:
+            return np.asarray(self.hr), np.asarray(self.lr)
         if not self.chw:
             return self.hr, self.lr
         return _hwc(self.hr), _hwc(self.lr)
@@ -59,7 +67,9 @@ def _hwc(a: np.ndarray) -> np.ndarray:
 def wanted_members(m: Manifest, scale: int) -> frozenset[str]:
     """The members a sample is read with: HR, the x``scale`` LR and (our shards) ``{key}.json``."""
     hr, lr = m.member_names(scale)
-    return frozenset({hr, lr} if m.members is not None else {JSON_MEMBER, hr, lr})
+    if m.members is not None:
+        return frozenset({hr, lr})
+    return frozenset({JSON_MEMBER, hr, lr, hr_member(TILED), lr_member(scale, TILED)})  # either kind of sample
 
 
 class Verify(str, enum.Enum):
@@ -239,6 +249,8 @@ def decode_pair(
             raise fail("json member is not valid JSON") from None
         if type(meta) is not dict:
             raise fail("json member is not a JSON object")
+    if tiled.is_tiled(raw):
+        return tiled.tiled_pair(raw, meta, scale, Verify(verify), kind)
     for name in (hr_name, lr_name):
         if name not in raw.members:
             raise fail(f"no {name} member (this sample has scales {meta.get('scales')!r})")

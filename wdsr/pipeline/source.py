@@ -110,7 +110,8 @@ class Source:
                         yield None
                         continue
                     self.stats.add(worker, decode_ns=pair.decode_ns, verify_ns=pair.verify_ns)
-                    if self.cache is not None and self.cache.store(pair.key, pair.hr, pair.lr, *self._cache_kind()):
+                    cache = None if pair.tiled else self.cache  # a tiled pair is decoded tile by tile: not kept
+                    if cache is not None and cache.store(pair.key, pair.hr, pair.lr, *self._cache_kind()):
                         self.stats.add(worker, decoded_stores=1)
                     yield pair
                     del pair, raw  # hold nothing while the next sample is read and decoded

@@ -1,0 +1,105 @@
+"""Tiled samples (``{key}.hr.tiles``, ``{key}.lr_x{s}.tiles``): checked from their headers and tile
+indexes, then handed on as lazily decoded images, so a sample's patches decode only the tiles they
+touch (each once per sample).
+
+Patch positions are the same function of (seed, epoch, key, j) as for whole images and the pixels
+are the same, so a dataset stored tiled gives the batches it gives untiled, byte for byte. Digests:
+``verify="xxh3_64"`` checks each tile's xxh3_64 from the member's index as the tile is decoded;
+``"sha256"`` checks the whole members against ``{key}.json`` first (reading every byte, as asked).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import TYPE_CHECKING, Any
+
+from shardmaker import format as fmt
+from shardmaker.format import TILED, hr_member, lr_member, pair_fits
+from shardmaker.imaging import TiledImage
+from wdsr.errors import SampleError
+
+if TYPE_CHECKING:
+    from wdsr.pipeline.decode import DecodedPair, Kind, Verify
+    from wdsr.pipeline.read import RawSample
+
+HR_TILED = hr_member(TILED)
+
+
+def is_tiled(raw: RawSample) -> bool:
+    """Our shards' sample stored as tiled members (an index of foreign shards never is)."""
+    return raw.digests is None and HR_TILED in raw.members
+
+
+def tiled_pair(raw: RawSample, meta: dict[str, Any], scale: int, verify: Verify, kind: Kind | None) -> DecodedPair:
+    """The sample's HR and x``scale`` LR as :class:`TiledImage` (HR viewed cropped to exactly
+    ``scale`` x LR), every header, index and pairing rule checked first; failures are SampleErrors."""
+    from wdsr.pipeline.decode import DecodedPair, Verify
+
+    t0 = time.perf_counter_ns()
+    names = (HR_TILED, lr_member(scale, TILED))
+
+    def fail(reason: str) -> SampleError:
+        return SampleError(raw.shard, raw.key, reason)
+
+    if names[1] not in raw.members:
+        raise fail(f"no {names[1]} member (this sample has scales {fmt_scales(meta)})")
+    layouts = []
+    for name in names:
+        data = raw.members[name]
+        try:
+            h = fmt.tiles.parse_header(data, len(data))
+            layouts.append((h, fmt.tiles.parse_index(h, memoryview(data)[fmt.tiles.HEADER_BYTES : h.data_start], len(data))))
+        except fmt.TileFormatError as exc:
+            raise fail(f"{name}: {exc}") from None
+    (hr, _), (lr, _) = layouts
+    if raw.hr_size is not None and (hr.width, hr.height) != tuple(raw.hr_size):
+        raise fail(f"{names[0]} says {hr.width}x{hr.height}, the manifest says {raw.hr_size[0]}x{raw.hr_size[1]}")
+    if not pair_fits((hr.height, hr.width), (lr.height, lr.width), scale):
+        raise fail(f"HR {hr.width}x{hr.height} is not {scale} x LR {lr.width}x{lr.height} (wrong scale?)")
+    if hr.tile % scale or lr.tile != hr.tile // scale:
+        raise fail(f"LR tiles of {lr.tile} px do not lie on the HR grid of {hr.tile} px at x{scale}")
+    if (hr.channels, hr.bit_depth) != (lr.channels, lr.bit_depth):
+        raise fail(f"HR is {hr.bit_depth}-bit x{hr.channels}, LR {lr.bit_depth}-bit x{lr.channels}")
+    head = fmt.ImageHeader(hr.width, hr.height, hr.channels, hr.bit_depth)
+    if kind is not None:
+        kind.check(raw.shard, raw.key, names[0], head)
+    if verify is Verify.SHA256:
+        for name in names:
+            want = (meta.get("sha256") or {}).get(name)
+            if not isinstance(want, str) or hashlib.sha256(raw.members[name]).hexdigest() != want:
+                raise fail(f"{name} does not match its sha256 in {raw.key}.json (corrupt shard)")
+    for name, (h, index) in zip(names, layouts, strict=True):  # every tile, before any is decoded:
+        member = raw.members[name]  # its header (~1 us) and, with xxh3_64, its digest (as whole members are)
+        try:
+            for i in range(h.count):
+                fmt.tiles.check_tile(h, i, fmt.tiles.tile_view(member, h, index, i, verify is Verify.XXH3))
+        except fmt.TileFormatError as exc:
+            raise fail(f"{name}: {exc}") from None
+    hr_img = _Tiles(raw, names[0], layouts[0], (scale * lr.height, scale * lr.width))
+    lr_img = _Tiles(raw, names[1], layouts[1], None)
+    if kind is not None:
+        kind.fix(raw.key, head)
+    return DecodedPair(raw.shard, raw.key, raw.rep, hr_img, lr_img, 0, time.perf_counter_ns() - t0)  # type: ignore[arg-type]
+
+
+class _Tiles(TiledImage):
+    """A sample's tiled member whose tile errors name shard, key, member and tile. Its tiles were
+    checked when the sample was read; only data that passes those checks and still does not decode
+    (crafted, or ``verify="none"``) fails here, as the patches are cut: even under ``on_error="skip"``
+    that ends the pass with this SampleError."""
+
+    def __init__(self, raw: RawSample, name: str, layout: Any, shape_hw: tuple[int, int] | None) -> None:
+        super().__init__(raw.members[name], layout, shape_hw)
+        self._where = (raw.shard, raw.key, name)
+
+    def tile(self, i: int) -> Any:
+        try:
+            return super().tile(i)
+        except fmt.TileFormatError as exc:
+            shard, key, name = self._where
+            raise SampleError(shard, key, f"{name}: {exc}") from None
+
+
+def fmt_scales(meta: dict[str, Any]) -> str:
+    return repr(meta.get("scales"))
