@@ -13,11 +13,18 @@ Images made of real photos (``bench.common.mosaic_4k``): a 4K frame, an 8192 x 8
 Rounds alternate which goes first; the table has medians. The patches are asserted equal. Also
 the bound checks' cost: the header, index and per-tile header checks of a sample, against the
 decode of one tile.
+
+Then **the stream** (``--stream``, on by default): 24 4K frames and 6 8192 x 8192 images of the same
+mosaics as PNG sources, built as QOI shards by ``shardmaker build`` whole and with ``--tiles 256``
+(build time and peak RSS of the build process reported), streamed by ``wdsr bench``'s
+``bench_stream`` with 1 worker, k = 16, HR patch 192, batch 16: patches/s and the worker's peak RSS.
 """
 
 from __future__ import annotations
 
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +35,7 @@ from shardmaker.format import tiles as tl
 from shardmaker.imaging import Codec, TiledImage, decode, downscale, encode, encode_tiled, read_layout
 from wdsr.pipeline.decode import DecodedPair
 from wdsr.pipeline.patches import PatchConfig, cut_patches
+from wdsr.tools.bench import bench_stream
 
 SCALE, PATCH, TILE = 4, 192, 256
 
@@ -73,11 +81,73 @@ def _checks_us(member: bytes) -> tuple[float, float]:
     return checks, (time.perf_counter() - t0) / 50 * 1e6
 
 
+def _sources(work: Path, name: str, n: int, hw: tuple[int, int], seed: int) -> Path:
+    src = work / name
+    if len(list(src.glob("*.png"))) != n:
+        src.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(seed)
+        for i in range(n):
+            save_png(src / f"i{i:02d}.png", _image(*hw, rng))
+    return src
+
+
+_BUILD = """
+import sys
+from shardmaker.cli import main
+rc = main(sys.argv[1:])
+print(next(x.split()[1] for x in open("/proc/self/status") if x.startswith("VmHWM:")))  # kB; --workers 1: in-process
+sys.exit(rc)
+"""
+
+
+def _build(src: Path, out: Path, tiles: str) -> tuple[float, float]:
+    """(seconds, peak RSS MB) of a QOI x4 build with one worker (which builds in its own process)."""
+    args = ["-q", "build", str(src), str(out), "--codec", "qoi", "--workers", "1", "--tiles", tiles, "--overwrite"]
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", _BUILD, *args], check=True, capture_output=True, text=True)
+    return time.perf_counter() - t0, int(proc.stdout.split()[-1]) / 1024
+
+
+def _stream_part(work: Path, seconds: float) -> tuple[str, dict]:
+    sets = {
+        "4K": _sources(work, "tiles-src-4k", 24, (2160, 3840), 5),
+        "8192^2": _sources(work, "tiles-src-8k", 6, (8192, 8192), 6),
+    }
+    rows, data = [], {}
+    for name, src in sets.items():
+        got = {}
+        for tiles in ("off", "256"):
+            out = work / f"tiles-{name.replace('^', '')}-{tiles}"
+            build_s, build_mb = _build(src, out, tiles)
+            r = bench_stream(str(out), workers=1, patches_per_image=16, seconds=seconds, shuffle_buffer=256)
+            got[tiles] = r
+            rows.append(
+                [
+                    name,
+                    "tiled 256" if tiles != "off" else "whole",
+                    f"{r.patches_per_s:.0f}",
+                    f"{r.peak_rss_mb:.0f}",
+                    f"{build_s:.0f}",
+                ]
+            )
+            data[f"{name} {tiles}"] = {"patches_per_s": r.patches_per_s, "worker_peak_rss_mb": r.peak_rss_mb, "build_s": build_s}
+        ratio = got["256"].patches_per_s / got["off"].patches_per_s
+        rows.append([name, "**tiled / whole**", f"**{ratio:.1f}x**", "", ""])
+    head = ["images", "stored", "patches/s (1 worker, k=16)", "worker peak RSS MB", "build s"]
+    return md_table(head, rows), data
+
+
+def save_png(path: Path, img: np.ndarray) -> None:
+    path.write_bytes(encode(img, Codec.PNG, 1))
+
+
 def main() -> None:
     ap = parser(__doc__)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--k", type=int, default=16)
     ap.add_argument("--out", type=Path, default=Path("bench/out"))
+    ap.add_argument("--no-stream", dest="stream", action="store_false", help="the decode + cut table only")
+    ap.add_argument("--seconds", type=float, default=15.0, help="streaming time per row")
     args = ap.parse_args()
     rng = np.random.default_rng(3)
     rows, data = [], {}
@@ -129,6 +199,10 @@ def main() -> None:
         "checks us per tile / tile decode",
     ]
     text = f"`.venv/bin/python -m bench.tiles_bench --k {args.k}`: {machine_line()}\n\n" + md_table(head, rows)
+    if args.stream:
+        table, stream = _stream_part(args.out, args.seconds)
+        text += "\n\nThe stream:\n\n" + table
+        data["stream"] = stream
     report(args.out, "tiles_bench", text, data)
 
 

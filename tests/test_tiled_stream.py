@@ -90,6 +90,10 @@ def test_a_tile_side_the_scales_do_not_divide_is_one_line(sources, tmp_path, cap
     assert main(["build", str(sources), str(tmp_path / "o"), "--tiles", "big"]) == 2
 
 
+def _rchar() -> int:
+    return int(next(x.split()[1] for x in open("/proc/self/io") if x.startswith("rchar:")))
+
+
 def _tamper(ds: Path, edit) -> None:
     """Rewrite the first shard with ``edit(name, data) -> data`` applied to its tiled members."""
 
@@ -116,16 +120,15 @@ def test_hostile_tiled_members_are_sample_errors(sources, tmp_path, case, messag
             return data[:-3]
         if case == "grid of another scale" and name.endswith("lr_x4.tiles"):  # a valid member, on a 32-px grid
             return encode_tiled(np.asarray(TiledImage(data)), 32, fmt.tiles.parse_header(data).codec)
-        if case in ("tile header lies", "digest") and name.endswith("hr.tiles"):
+        if case in ("tile header lies", "digest") and name.endswith("hr.tiles"):  # every tile: one is touched
             h = fmt.tiles.parse_header(data)
-            index = np.frombuffer(data[32 : h.data_start], dtype=fmt.tiles.INDEX_DTYPE)
-            at = int(index["offset"][1]) + (4 if case == "tile header lies" else 30)
-            data = data[:at] + b"\x7f" + data[at + 1 :]
-            if case == "tile header lies":  # a crafted member: its index carries the forged tile's digest
-                index = index.copy()
-                index["xxh3"][1] = xxhash.xxh3_64_intdigest(fmt.tiles.tile_view(data, h, index, 1))
-                data = data[:32] + index.tobytes() + data[h.data_start :]
-            return data
+            index = np.frombuffer(data[32 : h.data_start], dtype=fmt.tiles.INDEX_DTYPE).copy()
+            buf = bytearray(data)
+            for i in range(h.count):
+                buf[int(index["offset"][i]) + (4 if case == "tile header lies" else 30)] ^= 0x5A
+                if case == "tile header lies":  # a crafted member: its index carries the forged tiles' digests
+                    index["xxh3"][i] = xxhash.xxh3_64_intdigest(fmt.tiles.tile_view(bytes(buf), h, index, i))
+            return bytes(buf[:32]) + index.tobytes() + bytes(buf[h.data_start :])
         return data
 
     _tamper(ds, edit)
@@ -134,4 +137,30 @@ def test_hostile_tiled_members_are_sample_errors(sources, tmp_path, case, messag
         list(d)
     assert first_key in str(exc.value)
     skip = wdsr.SRDataset(str(ds), scale=4, patch_size=96, patches_per_image=2, batch_size=2, on_error="skip")
+    if case == "digest":  # a local tiled member's tiles are digest-checked as they are read: past the skip policy
+        with pytest.raises(wdsr.SampleError, match="xxh3_64"):
+            list(skip)
+        return
     assert len(list(skip)) > 0 and skip.stats.totals()["skipped"] >= 1
+
+
+def test_a_local_tiled_sample_reads_only_the_tiles_its_patches_touch(sources, tmp_path):
+    """Local shards: a tiled member is read by range (header, index, tile headers, then the tiles
+    the patches touch), not whole; the batches are the ones reading it whole gives."""
+    src = tmp_path / "big"
+    for i, p in enumerate(photos()[:3]):  # ~1200 x 1800: the shard is much more than its probe's 2 MiB
+        big = np.tile(p[:400, :450], (3, 4, 1))
+        save(src / f"b{i}.png", np.ascontiguousarray(big if i % 2 == 0 else big[:, ::-1]))
+    ds = _built(src, tmp_path / "t", "--tiles", "96")
+    whole = _built(src, tmp_path / "w")
+    kw = dict(scale=4, patch_size=96, patches_per_image=2, batch_size=2, shuffle_buffer=0)
+    got, batches = {}, {}
+    for name, url in (("tiled", ds), ("whole", whole)):
+        before = _rchar()  # bytes this process read through system calls (pread included), page cache or not
+        batches[name] = list(wdsr.SRDataset(str(url), **kw))
+        got[name] = _rchar() - before
+    size = fmt.load(str(ds)).bytes
+    assert got["whole"] > 0.9 * fmt.load(str(whole)).bytes and got["tiled"] < 0.5 * size, (got, size)
+    cached = list(wdsr.SRDataset(str(ds), **kw, cache_dir=str(tmp_path / "cache")))  # through the shard cache
+    for a, b, c in zip(batches["tiled"], batches["whole"], cached, strict=True):
+        assert all(torch.equal(u, v) and torch.equal(v, w) for u, v, w in zip(a, b, c, strict=True))

@@ -36,7 +36,7 @@ from shardmaker.format.schema import (
     probe_file,
     shard_path,
 )
-from shardmaker.format.tario import TarFormatError, iter_entries, iter_members, iter_samples, split_name
+from shardmaker.format.tario import MemberAt, TarFormatError, iter_entries, iter_members, iter_samples, split_name
 from shardmaker.format.tiles import TiledHeader, TileFormatError
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "ImageHeader",
     "JSON_MEMBER",
     "MANIFEST",
+    "MemberAt",
     "MAX_NAMES",
     "Manifest",
     "ManifestError",

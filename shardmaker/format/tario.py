@@ -98,6 +98,14 @@ class Entry(NamedTuple):
 _MAX_PAX = 1 << 20
 
 
+class MemberAt(NamedTuple):
+    """A member left unread (``iter_entries(ranged=...)``): where its data starts, counted like an
+    entry's offsets, and its size; the caller reads what it needs of it by range."""
+
+    offset: int
+    size: int
+
+
 class MemberStream:
     """A member's data read in pieces (``iter_entries(stream=True)``), never held whole: ``size``
     bytes from the tar stream; what the caller leaves unread is seeked over when the next entry is asked for."""
@@ -144,6 +152,7 @@ def iter_entries(
     want: Callable[[str], bool] | None = None,
     skipped: bool = False,
     stream: bool = False,
+    ranged: Callable[[str], bool] | None = None,
 ) -> Iterator[Entry]:
     """Yield an :class:`Entry` for each regular member from the current position.
 
@@ -154,7 +163,8 @@ def iter_entries(
     false are skipped with a seek: their data is never read (with ``skipped=True`` they are
     yielded with ``data`` None, so a caller still sees every name and offset). With ``stream=True``
     a wanted member's data is a :class:`MemberStream` to read before asking for the next entry, so
-    memory never grows with a member's size.
+    memory never grows with a member's size. Wanted members for which ``ranged(name)`` is true are
+    seeked over too and yielded with a :class:`MemberAt` (where their data is) as their data.
     """
     pos = 0
     long_name: str | None = None
@@ -206,6 +216,11 @@ def iter_entries(
             if skipped:
                 yield Entry(name, entry_start, pos, None)
             continue
+        if ranged is not None and ranged(name):
+            f.seek(padded, io.SEEK_CUR)
+            yield Entry(name, entry_start, pos + padded, MemberAt(pos, size))
+            pos += padded
+            continue
         if stream:
             member = MemberStream(f, size, name, pos - BLOCK)
             yield Entry(name, entry_start, pos + padded, member)
@@ -229,21 +244,23 @@ def iter_members(
 
 
 def iter_samples(
-    f: BinaryIO, limit: int | None = None, want: Callable[[str], bool] | None = None
+    f: BinaryIO, limit: int | None = None, want: Callable[[str], bool] | None = None, ranged: Callable[[str], bool] | None = None
 ) -> Iterator[tuple[str, int, dict[str, Any]]]:
     """Group members into samples, the WebDataset way: ``(key, offset, {ext: data})`` per run of
     consecutive members with one key, ``offset`` that of its first member's header.
 
     Every member is checked (a name without an extension, an extension twice in one sample is a
     TarFormatError); only those whose extension passes ``want(ext)`` are read, the others seeked
-    over. The one grouping for shardmaker's verify and wdsr's reader.
+    over; those whose extension passes ``ranged(ext)`` are not read either but given as a
+    :class:`MemberAt`. The one grouping for shardmaker's verify and wdsr's reader.
     """
     key: str | None = None
     start = 0
     members: dict[str, Any] = {}
     seen: set[str] = set()
     pick = None if want is None else (lambda name: want(split_name(name)[1]))
-    for name, offset, data in iter_members(f, limit, pick, skipped=want is not None):
+    by_range = None if ranged is None else (lambda name: ranged(split_name(name)[1]))
+    for name, offset, _, data in iter_entries(f, limit, pick, skipped=want is not None, ranged=by_range):
         k, ext = split_name(name)
         if k != key:
             if key is not None:

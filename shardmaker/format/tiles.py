@@ -42,6 +42,7 @@ __all__ = [
     "INDEX_DTYPE",
     "MAGIC",
     "MAX_TILES",
+    "TILE_HEAD_BYTES",
     "TileFormatError",
     "TiledHeader",
     "check_tile",
@@ -57,6 +58,7 @@ MAGIC = b"WDSRTILE"
 VERSION = 1
 HEADER_BYTES = 32
 INDEX_DTYPE = np.dtype([("offset", "<u8"), ("length", "<u4"), ("zero", "<u4"), ("xxh3", "<u8")])
+TILE_HEAD_BYTES = 33  # what check_tile reads of a tile: a PNG's signature and IHDR, a QOI header
 MAX_TILES = 1 << 20  # per member: 150k for a 100k x 100k slide at T = 256
 MIN_TILE, MAX_TILE = 8, 1 << 15
 _CODECS = {1: "qoi", 2: "png"}

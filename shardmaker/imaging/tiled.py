@@ -3,14 +3,15 @@ and a region read back by decoding only the tiles it touches, each once."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
+import xxhash
 
 from shardmaker.format import tiles as tl
 from shardmaker.imaging.codecs import Codec, ImageDataError, decode, encode
 
-__all__ = ["TiledImage", "decode_region", "encode_tiled", "read_layout"]
+__all__ = ["RangeReader", "TiledImage", "decode_region", "encode_tiled", "read_layout"]
 
 
 def encode_tiled(img: np.ndarray, tile: int, codec: Codec | str = Codec.QOI, png_level: int = 1) -> bytes:
@@ -30,10 +31,31 @@ def encode_tiled(img: np.ndarray, tile: int, codec: Codec | str = Codec.QOI, png
     return tl.pack(h, parts)
 
 
-def read_layout(member: bytes | memoryview) -> tuple[tl.TiledHeader, np.ndarray]:
-    """The checked header and index of a whole tiled member."""
-    h = tl.parse_header(member, len(member))
-    return h, tl.parse_index(h, memoryview(member)[tl.HEADER_BYTES : h.data_start], len(member))
+class RangeReader(Protocol):
+    """A tiled member read by range (a local shard's file, an object store): only what is asked for."""
+
+    def __len__(self) -> int: ...
+
+    def read(self, offset: int, n: int) -> bytes: ...
+
+
+Member = bytes | bytearray | memoryview | RangeReader
+
+
+def _bytes_at(member: Member, offset: int, n: int) -> bytes | memoryview:
+    if isinstance(member, (bytes, bytearray, memoryview)):
+        return memoryview(member)[offset : offset + n]
+    try:
+        return member.read(offset, n)
+    except OSError as e:
+        raise tl.TileFormatError(f"cannot read {n} bytes at {offset}: {e}") from None
+
+
+def read_layout(member: Member) -> tuple[tl.TiledHeader, np.ndarray]:
+    """The checked header and index of a tiled member (of a reader: two reads, header and index)."""
+    size = len(member)
+    h = tl.parse_header(_bytes_at(member, 0, tl.HEADER_BYTES), size)
+    return h, tl.parse_index(h, _bytes_at(member, tl.HEADER_BYTES, h.data_start - tl.HEADER_BYTES), size)
 
 
 class TiledImage:
@@ -46,7 +68,7 @@ class TiledImage:
 
     def __init__(
         self,
-        member: bytes | memoryview,
+        member: Member,
         layout: tuple[tl.TiledHeader, np.ndarray] | None = None,
         shape_hw: tuple[int, int] | None = None,
         verify: bool = False,
@@ -74,7 +96,16 @@ class TiledImage:
         got = self._tiles.get(i)
         if got is None:
             h = self.header
-            data = tl.tile_view(self._member, h, self._index, i, self._verify)
+            data: bytes | memoryview
+            if isinstance(self._member, (bytes, bytearray, memoryview)):
+                data = tl.tile_view(memoryview(self._member), h, self._index, i, self._verify)
+            else:  # read now: just this tile's bytes, then checked as a view would be
+                off, n, _, digest = self._index.item(i)
+                data = _bytes_at(self._member, off, n)
+                if len(data) != n:
+                    raise tl.TileFormatError(f"{len(data)} of its {n} bytes at {off} could be read", i)
+                if self._verify and xxhash.xxh3_64_intdigest(data) != digest:
+                    raise tl.TileFormatError("xxh3_64 of its bytes differs from the index", i)
             tl.check_tile(h, i, data)
             try:
                 got = decode(data, h.codec)
@@ -116,7 +147,7 @@ class TiledImage:
 
 
 def decode_region(
-    member: bytes | memoryview,
+    member: Member,
     y: int,
     x: int,
     height: int,

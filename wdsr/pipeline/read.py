@@ -14,6 +14,7 @@ import io
 import os
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,7 +44,7 @@ class RawSample:
     key: str
     index: int  # sample index inside the shard
     rep: int  # wrap-around count from the plan (0 = first pass)
-    members: dict[str, bytes | memoryview]  # member suffix ("json", "hr.png", ...) -> data; only the wanted ones
+    members: dict[str, Any]  # suffix ("json", "hr.png", ...) -> bytes or a view; a local tiled member: FileMember
     nbytes: int
     read_ns: int
     hr_size: tuple[int, int] | None = None  # (w, h) the manifest promises for HR
@@ -201,10 +202,11 @@ class ShardReader:
                     )
             if not checked and info.probe is not None:
                 self._check_probe(f, path, info)
+            local = storage.is_local(fs)
             for i in range(span.start, span.stop):
                 t0 = time.perf_counter_ns()
                 chunks = [(begin, f, end - begin, begin) for begin, end in _reads(info, i, wanted)]
-                yield _raw_sample(info, span, i, chunks, wanted, t0)
+                yield _raw_sample(info, span, i, chunks, wanted, t0, ranged=local)
 
     def _check_probe(self, f: Any, path: str, info: ShardInfo) -> None:
         """Is this file the shard the manifest lists (not another build's of the same size)?
@@ -277,6 +279,7 @@ def _raw_sample(
     wanted: frozenset[str],
     t0: int,
     read_ns: int = 0,
+    ranged: bool = False,
 ) -> RawSample:
     """Sample ``i`` of ``info`` from its byte ranges: ``(first byte in the shard, file, length, where
     that byte is in the file)`` each (a shard file, or a buffer that holds just the range)."""
@@ -285,7 +288,7 @@ def _raw_sample(
     if info.members is None:
         _, f, length, at = chunks[0]
         f.seek(at)
-        members = _members(f, length, info.name, key, wanted)
+        members = _members(f, length, info.name, key, wanted, at if ranged else None)
     else:
         members = _indexed_members(chunks, info, i, wanted)
         digests = {name: int(info.members[name].xxh3_64[i]) for name in members}
@@ -295,7 +298,7 @@ def _raw_sample(
         i,
         span.rep,
         members,
-        sum(len(v) for v in members.values()),
+        sum(len(v) for v in members.values() if not isinstance(v, FileMember)),  # ranged members: read as asked
         read_ns + time.perf_counter_ns() - t0,
         (int(info.hr_sizes[i][0]), int(info.hr_sizes[i][1])),
         digests,
@@ -367,14 +370,39 @@ class _View:
         return self._pos
 
 
-def _members(f: Any, length: int, shard: str, key: str, wanted: frozenset[str]) -> dict[str, bytes | memoryview]:
-    """The wanted members of the sample that starts at ``f``'s position and spans ``length`` bytes."""
-    out: dict[str, bytes | memoryview] = {}
+class FileMember:
+    """A tiled member of a local shard, read by range as its tiles are asked for (``os.pread`` on a
+    descriptor of its own, closed with the object): a patch reads the tiles it touches, not the
+    whole image. Not for pickling: it lives in the worker that read it."""
+
+    def __init__(self, f: Any, offset: int, size: int) -> None:
+        self._fd = os.dup(f.fileno())
+        self._close = weakref.finalize(self, os.close, self._fd)
+        self.offset, self.size = offset, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read(self, offset: int, n: int) -> bytes:
+        if not (0 <= offset and 0 <= n and offset + n <= self.size):
+            raise OSError(f"{n} bytes at {offset} are outside the member's {self.size}")
+        return os.pread(self._fd, n, self.offset + offset)
+
+
+def _members(f: Any, length: int, shard: str, key: str, wanted: frozenset[str], ranged_at: int | None = None) -> dict[str, Any]:
+    """The wanted members of the sample that starts at ``f``'s position and spans ``length`` bytes;
+    with ``ranged_at`` (where that position is in a local file), tiled members as :class:`FileMember`."""
+    out: dict[str, Any] = {}
+    ranged = None if ranged_at is None else (lambda ext: ext.endswith("." + fmt.TILED))
     try:
-        for found, _, members in fmt.iter_samples(f, limit=length, want=wanted.__contains__):
+        for found, _, members in fmt.iter_samples(f, limit=length, want=wanted.__contains__, ranged=ranged):
             if found != key:
                 raise SampleError(shard, key, f"found sample {found!r} where the manifest puts sample {key!r}")
             out = members
+            if ranged_at is not None:
+                for ext, data in out.items():
+                    if isinstance(data, fmt.MemberAt):
+                        out[ext] = FileMember(f, ranged_at + data.offset, data.size)
     except fmt.TarFormatError as exc:
         raise SampleError(shard, key, f"bad tar data ({exc})") from None
     return out

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardmaker import format as fmt
 from shardmaker.format import TILED, hr_member, lr_member, pair_fits
-from shardmaker.imaging import TiledImage
+from shardmaker.imaging import TiledImage, read_layout
 from wdsr.errors import SampleError
 
 if TYPE_CHECKING:
@@ -46,10 +46,8 @@ def tiled_pair(raw: RawSample, meta: dict[str, Any], scale: int, verify: Verify,
         raise fail(f"no {names[1]} member (this sample has scales {fmt_scales(meta)})")
     layouts = []
     for name in names:
-        data = raw.members[name]
         try:
-            h = fmt.tiles.parse_header(data, len(data))
-            layouts.append((h, fmt.tiles.parse_index(h, memoryview(data)[fmt.tiles.HEADER_BYTES : h.data_start], len(data))))
+            layouts.append(read_layout(raw.members[name]))  # of a local shard's member: two small reads
         except fmt.TileFormatError as exc:
             raise fail(f"{name}: {exc}") from None
     (hr, _), (lr, _) = layouts
@@ -67,30 +65,39 @@ def tiled_pair(raw: RawSample, meta: dict[str, Any], scale: int, verify: Verify,
     if verify is Verify.SHA256:
         for name in names:
             want = (meta.get("sha256") or {}).get(name)
-            if not isinstance(want, str) or hashlib.sha256(raw.members[name]).hexdigest() != want:
+            if not isinstance(want, str) or _sha256(raw.members[name]) != want:
                 raise fail(f"{name} does not match its sha256 in {raw.key}.json (corrupt shard)")
-    for name, (h, index) in zip(names, layouts, strict=True):  # every tile, before any is decoded:
-        member = raw.members[name]  # its header (~1 us) and, with xxh3_64, its digest (as whole members are)
-        try:
-            for i in range(h.count):
-                fmt.tiles.check_tile(h, i, fmt.tiles.tile_view(member, h, index, i, verify is Verify.XXH3))
-        except fmt.TileFormatError as exc:
+    per_tile = verify is Verify.XXH3
+    for name, (h, index) in zip(names, layouts, strict=True):
+        member: Any = raw.members[name]
+        in_memory = isinstance(member, (bytes, bytearray, memoryview))
+        try:  # every tile's header (~1 us; read by range: its first bytes alone) before any decode; in memory
+            for i in range(h.count):  # also its digest (read by range: as each tile is read, before its decode)
+                if in_memory:
+                    fmt.tiles.check_tile(h, i, fmt.tiles.tile_view(member, h, index, i, per_tile))
+                else:
+                    off, n, _, _ = index.item(i)
+                    fmt.tiles.check_tile(h, i, member.read(off, min(n, fmt.tiles.TILE_HEAD_BYTES)))
+        except (fmt.TileFormatError, OSError) as exc:
             raise fail(f"{name}: {exc}") from None
-    hr_img = _Tiles(raw, names[0], layouts[0], (scale * lr.height, scale * lr.width))
-    lr_img = _Tiles(raw, names[1], layouts[1], None)
+    hr_img = _Tiles(raw, names[0], layouts[0], (scale * lr.height, scale * lr.width), per_tile)
+    lr_img = _Tiles(raw, names[1], layouts[1], None, per_tile)
     if kind is not None:
         kind.fix(raw.key, head)
     return DecodedPair(raw.shard, raw.key, raw.rep, hr_img, lr_img, 0, time.perf_counter_ns() - t0)  # type: ignore[arg-type]
 
 
 class _Tiles(TiledImage):
-    """A sample's tiled member whose tile errors name shard, key, member and tile. Its tiles were
-    checked when the sample was read; only data that passes those checks and still does not decode
-    (crafted, or ``verify="none"``) fails here, as the patches are cut: even under ``on_error="skip"``
-    that ends the pass with this SampleError."""
+    """A sample's tiled member whose tile errors name shard, key, member and tile. In memory (S3, the
+    shard cache) its tiles were checked when the sample was read, so only data that passes those
+    checks and still does not decode (crafted, or ``verify="none"``) fails here; in a local shard,
+    read by range, each tile is checked as it is read. Either way the failure comes as the patches
+    are cut: even under ``on_error="skip"`` it ends the pass with this SampleError."""
 
-    def __init__(self, raw: RawSample, name: str, layout: Any, shape_hw: tuple[int, int] | None) -> None:
-        super().__init__(raw.members[name], layout, shape_hw)
+    def __init__(self, raw: RawSample, name: str, layout: Any, shape_hw: tuple[int, int] | None, verify: bool) -> None:
+        member = raw.members[name]
+        # in memory, every tile was checked already; read by range, each is checked (digest too) as it is read
+        super().__init__(member, layout, shape_hw, verify and not isinstance(member, (bytes, bytearray, memoryview)))
         self._where = (raw.shard, raw.key, name)
 
     def tile(self, i: int) -> Any:
@@ -99,6 +106,15 @@ class _Tiles(TiledImage):
         except fmt.TileFormatError as exc:
             shard, key, name = self._where
             raise SampleError(shard, key, f"{name}: {exc}") from None
+
+
+def _sha256(member: Any) -> str:
+    if isinstance(member, (bytes, bytearray, memoryview)):
+        return hashlib.sha256(member).hexdigest()
+    h = hashlib.sha256()
+    for at in range(0, len(member), 1 << 22):
+        h.update(member.read(at, min(1 << 22, len(member) - at)))
+    return h.hexdigest()
 
 
 def fmt_scales(meta: dict[str, Any]) -> str:
