@@ -285,3 +285,27 @@ def leftovers() -> list[tuple[int, str]]:
         if state != "Z" and "resource_tracker" not in cmd:  # multiprocessing's own helper lives until we exit
             found.append((int(entry.name), cmd))
     return found
+
+
+# ---- streams compared batch by batch (the decoded-cache tests) ----------------------------------
+def run_epochs(url: str, epochs: int = 2, workers: int = 2, **kw) -> tuple[list[tuple], dict]:
+    """Every batch of ``epochs`` epochs (lr, hr, keys; copies), and the dataset's counters after."""
+    import wdsr
+
+    ds = wdsr.SRDataset(
+        url, scale=4, patch_size=48, patches_per_image=3, batch_size=4, shuffle_buffer=8, seed=2, return_keys=True, **kw
+    )
+    loader = wdsr.make_loader(ds, num_workers=workers)
+    out = []
+    for e in range(epochs):
+        loader.set_epoch(e)
+        out += [(lr.clone(), hr.clone(), keys) for lr, hr, keys in loader]
+    return out, ds.stats.totals()
+
+
+def same_batches(a: list, b: list) -> bool:
+    import torch
+
+    return len(a) == len(b) and all(
+        torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2] for x, y in zip(a, b, strict=True)
+    )

@@ -17,29 +17,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 import wdsr
 from shardmaker.format import manifest as mf
-from tests.helpers import ROOT, build_shards, torchrun, wait_until
+from tests.helpers import ROOT, build_shards, run_epochs, same_batches, torchrun, wait_until
 from wdsr.store import decoded
 from wdsr.tools.cli import main as wdsr_main
 
 
-def _run(url: str, epochs: int = 2, workers: int = 2, **kw) -> tuple[list[tuple[torch.Tensor, torch.Tensor, list]], dict]:
-    ds = wdsr.SRDataset(
-        url, scale=4, patch_size=48, patches_per_image=3, batch_size=4, shuffle_buffer=8, seed=2, return_keys=True, **kw
-    )
-    loader = wdsr.make_loader(ds, num_workers=workers)
-    out = []
-    for e in range(epochs):
-        loader.set_epoch(e)
-        out += [(lr.clone(), hr.clone(), keys) for lr, hr, keys in loader]
-    return out, ds.stats.totals()
-
-
-def _same(a, b) -> bool:
-    return len(a) == len(b) and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2] for x, y in zip(a, b))
+def _run(url: str, epochs: int = 2, workers: int = 2, **kw) -> tuple[list, dict]:
+    return run_epochs(url, epochs, workers, **kw)
 
 
 def _files(root: Path, pattern: str = "*.pair") -> list[Path]:
@@ -50,16 +37,16 @@ def test_cached_batches_are_byte_identical_and_later_epochs_read_nothing(photo_s
     plain, _ = _run(str(photo_shards))
     root = tmp_path / "dc"
     first, st1 = _run(str(photo_shards), decoded_cache=str(root))
-    assert _same(first, plain)
+    assert same_batches(first, plain)
     assert st1["decoded_stores"] == 10 and len(_files(root)) == 10  # epoch 0 filled it, once per image
     assert st1["decoded_hits"] >= 10  # epoch 1 cut every patch from it
     again, st2 = _run(str(photo_shards), decoded_cache=str(root))
-    assert _same(again, plain)
+    assert same_batches(again, plain)
     assert st2["decoded_stores"] == 0 and st2["decoded_hits"] == st2["samples"] > 0 and st2["bytes_read"] == 0
     val_plain = [(v.lr, v.hr, v.key) for v in wdsr.make_loader(wdsr.SRDataset(str(photo_shards), scale=4, split="val"))]
     ds = wdsr.SRDataset(str(photo_shards), scale=4, split="val", decoded_cache=str(root))
     val_cached = [(v.lr, v.hr, v.key) for v in wdsr.make_loader(ds, num_workers=2)]
-    assert _same(sorted(val_cached, key=lambda v: v[2]), sorted(val_plain, key=lambda v: v[2]))
+    assert same_batches(sorted(val_cached, key=lambda v: v[2]), sorted(val_plain, key=lambda v: v[2]))
     assert ds.stats.totals()["decoded_hits"] == 10
 
 
@@ -69,7 +56,7 @@ def test_a_limit_caches_the_same_subset_in_every_process(photo_shards, tmp_path)
     root = tmp_path / "dc"
     plain, _ = _run(str(photo_shards))
     got, st = _run(str(photo_shards), decoded_cache=str(root), decoded_cache_limit=total // 2)
-    assert _same(got, plain)
+    assert same_batches(got, plain)
     written = {json.loads(p.read_bytes()[12:4096].rstrip(b"\0"))["key"] for p in _files(root)}
     assert 0 < len(written) < 10 and sum(p.stat().st_size for p in _files(root)) <= total // 2
     c = decoded.DecodedCache(str(root), m.digest, 4, total // 2, m.shards)
@@ -193,7 +180,7 @@ def test_two_datasets_never_share_entries(photo_src, photo_shards, tmp_path):
     _run(str(photo_shards), epochs=1, decoded_cache=str(root))
     plain_b, _ = _run(str(other), epochs=1)
     got_b, st = _run(str(other), epochs=1, decoded_cache=str(root))
-    assert _same(got_b, plain_b) and st["decoded_hits"] == 0 and st["decoded_stores"] == 10
+    assert same_batches(got_b, plain_b) and st["decoded_hits"] == 0 and st["decoded_stores"] == 10
     assert sorted(u.dataset for u in decoded.usage(root)) == sorted([a.digest, b.digest])
     assert all(u.pairs == 10 for u in decoded.usage(root))
 

@@ -20,34 +20,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 import xxhash
 
 import wdsr
 from shardmaker.format import manifest as mf
-from tests.helpers import ROOT, save
+from tests.helpers import ROOT, run_epochs, same_batches, save
 from wdsr.store import decoded
 from wdsr.tools.cli import main as wdsr_main
 
 HANG_GUARD_S = 60  # only ever reached by a hang
 
 
-def _run(url: str, epochs: int = 1, workers: int = 0, **kw) -> tuple[list[tuple[torch.Tensor, torch.Tensor, list]], dict]:
-    ds = wdsr.SRDataset(
-        url, scale=4, patch_size=48, patches_per_image=3, batch_size=4, shuffle_buffer=8, seed=2, return_keys=True, **kw
-    )
-    loader = wdsr.make_loader(ds, num_workers=workers)
-    out = []
-    for e in range(epochs):
-        loader.set_epoch(e)
-        out += [(lr.clone(), hr.clone(), keys) for lr, hr, keys in loader]
-    return out, ds.stats.totals()
-
-
-def _same(a, b) -> bool:
-    return len(a) == len(b) and all(
-        torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2] for x, y in zip(a, b, strict=True)
-    )
+def _run(url: str, epochs: int = 1, workers: int = 0, **kw) -> tuple[list, dict]:
+    return run_epochs(url, epochs, workers, **kw)
 
 
 def _entries(root: Path) -> list[Path]:
@@ -101,7 +86,7 @@ def test_a_poisoned_entry_is_not_served_and_is_replaced(photo_shards, plain, tmp
     poisoned[4096 : 4096 + 30000] = bytes(255 - b for b in poisoned[4096 : 4096 + 30000])  # other pixels, same name/shape
     victim.write_bytes(bytes(poisoned))
     got, st = _run(str(photo_shards), epochs=2, workers=2, decoded_cache=str(root))
-    assert _same(got, plain[2])  # the batches of an uncached run: the poisoned pixels never reached one
+    assert same_batches(got, plain[2])  # the batches of an uncached run: the poisoned pixels never reached one
     assert st["decoded_rejected"] == 1 and st["decoded_stores"] == 1 and st["decoded_hits"] == st["samples"] - 1
     assert victim.read_bytes() == good  # replaced by the decoded pair
 
@@ -127,7 +112,7 @@ def test_an_entry_of_another_shape_or_kind_is_never_served(photo_shards, plain, 
         lr = lr[..., 0].copy()
     _write_entry(cache.path(key), key, hr, lr)  # a well-formed entry, digest and all, of the wrong pair
     got, st = _run(str(url), epochs=2, decoded_cache=str(root), on_error=on_error)
-    assert _same(got, want)
+    assert same_batches(got, want)
     assert st["decoded_rejected"] == 1 and st["skipped"] == 0 and st["decoded_stores"] == 1
     fresh, _ = _cache_of(url, root)
     w, h = mf.load(str(url)).shards[1].hr_sizes[1]
@@ -141,7 +126,7 @@ def test_a_truncated_entry_is_replaced_and_the_next_epoch_is_a_hit(photo_shards,
     size = victim.stat().st_size
     os.truncate(victim, size // 2)
     got, st = _run(str(photo_shards), epochs=2, workers=2, decoded_cache=str(root))
-    assert _same(got, plain[2])
+    assert same_batches(got, plain[2])
     assert st["decoded_rejected"] == 1 and st["decoded_stores"] == 1
     assert st["decoded_hits"] == st["samples"] - 1  # decoded once (epoch 0), a hit in epoch 1
     assert victim.stat().st_size == size
@@ -420,4 +405,4 @@ def test_clear_between_epochs_of_a_run_with_workers_refills_the_cache(photo_shar
         if e == 0:
             assert decoded.clear(root) == 10
     st = ds.stats.totals()
-    assert _same(got, plain[2]) and st["decoded_stores"] == 20 and len(_entries(root)) == 10
+    assert same_batches(got, plain[2]) and st["decoded_stores"] == 20 and len(_entries(root)) == 10
