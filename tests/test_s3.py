@@ -378,7 +378,16 @@ def test_cache_is_filled_by_one_process_at_a_time(s3, s3_photo_shards, proxy, tm
         lock = Path(cache) / "wdsr-shard-cache" / f"{m.shards[2].sha256[:16]}-{m.shards[2].name}.lock"
         wait_until(lambda: _lock_waiters(lock) >= 3, f"3 processes waiting on {lock}")  # ... until the other three wait
         proxy.release()
-        results = [q.get(timeout=120) for _ in procs]
+        results: list = []
+
+        def collected() -> bool:  # a child that died without its result fails at once, with its exit code
+            while len(results) < len(procs) and not q.empty():
+                results.append(q.get())
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            assert not dead, f"fill processes exited with {dead} after {len(results)} results"
+            return len(results) == len(procs)
+
+        wait_until(collected, "the 4 fill processes' results", timeout=300)
     finally:
         for p in procs:  # reaped whatever happened
             p.join(30)
