@@ -250,3 +250,33 @@ def test_valid_share() -> None:
     glass[:, :256] = photo[:, :256]
     assert valid_share(glass) == pytest.approx(0.25, abs=0.02)
     assert valid_share(glass[..., 0].astype(np.uint16) * 257) == pytest.approx(0.25, abs=0.05)
+
+
+def test_without_imagecodecs_a_compressed_tiff_is_one_clear_error(tmp_path: Path) -> None:
+    """imagecodecs is the `tiff` extra: a child process where it cannot be imported reads a deflate
+    TIFF (zlib alone) and names the extra for an LZW one."""
+    for comp in ("zlib", "lzw"):
+        tifffile.imwrite(tmp_path / f"{comp}.tif", _mosaic(64, 96), tile=(32, 32), compression=comp)
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["imagecodecs"] = None  # as if the extra were not installed
+        from shardmaker.errors import ImageDataError
+        from shardmaker.imaging.regions import TiffRegions
+        for name in sys.argv[1:]:
+            try:
+                with TiffRegions(name) as src:
+                    print(src.read(0, 0, 64, 96).shape)
+            except ImageDataError as e:
+                print(e)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "zlib.tif"), str(tmp_path / "lzw.tif")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines == ["(64, 96, 3)", "TIFF segment 0: LZW segments need imagecodecs (pip install 'wdsr[tiff]')"], lines

@@ -2,9 +2,10 @@
 slides at level 0, GeoTIFF) through ``tifffile``, decoding only the segments a region overlaps, so
 a build's memory is bounded by the region it works on, never the whole image.
 
-Compressed segments (deflate, LZW, zstd, JPEG, ...) are decoded by ``tifffile`` with ``imagecodecs``
-where it needs it. Every segment's size, byte count and decoded shape are checked before and after
-its decode; a file ``tifffile`` cannot parse is an :class:`ImageDataError`, never its own exception.
+Compressed segments (deflate, LZW, zstd, JPEG, ...) are decoded by ``tifffile``, with
+``imagecodecs`` (the ``tiff`` extra) for all but deflate: without it such a file is one clear
+error. Every segment's size, byte count and decoded shape are checked before and after its
+decode; a file ``tifffile`` cannot parse is an :class:`ImageDataError`, never its own exception.
 """
 
 from __future__ import annotations
@@ -127,6 +128,10 @@ class TiffRegions:
         except ImageDataError:
             raise
         except Exception as e:  # noqa: BLE001 - a codec's own error on corrupt data
+            if "imagecodecs" in str(e):  # tifffile needs it for LZW, zstd, JPEG, ... segments: the tiff extra
+                raise ImageDataError(
+                    f"TIFF segment {i}: {page.compression.name} segments need imagecodecs (pip install 'wdsr[tiff]')"
+                ) from None
             raise ImageDataError(f"TIFF segment {i}: {type(e).__name__}: {str(e)[:200]}") from None
         row = (i % (self._grid[0] * self._grid[1])) // self._grid[1]
         short = (1, min(sh, self.height - row * sh), sw, samples)  # a last strip holds the rows left
