@@ -89,7 +89,7 @@ def _check_tiled(m: Manifest, key: str, members: dict[str, bytes], hr_size: Sequ
             layout = read_layout(members[name])
             img = TiledImage(members[name], layout, verify=True)
             for i in range(layout[0].count):
-                img.tile(i)
+                img.decode_tile(i)  # one tile in memory at a time
         except (TileFormatError, ImageDataError) as exc:
             problems.append(f"{name}: {exc}")
             continue

@@ -21,7 +21,7 @@ Readers turn these into ``wdsr.SampleError`` (shard, key, reason); messages neve
 
 from shardmaker.format import tiles
 from shardmaker.format.headers import DEFAULT_MAX_PIXELS, HeaderError, ImageHeader, check_pair, image_header
-from shardmaker.format.manifest import Manifest, ShardInfo, load, locate, parse
+from shardmaker.format.manifest import Manifest, ShardInfo, kind_text, load, locate, parse
 from shardmaker.format.patterns import MAX_NAMES, PatternError, count_braces, expand_braces
 from shardmaker.format.schema import (
     FORMAT,
@@ -65,6 +65,7 @@ __all__ = [
     "iter_entries",
     "iter_members",
     "iter_samples",
+    "kind_text",
     "load",
     "locate",
     "lr_member",

@@ -340,9 +340,12 @@ KINDS = {"channels": (1, 3), "bit_depth": (8, 16)}  # what a sample may decode t
 
 
 def kind_text(channels: int | None, bit_depth: int | None) -> str:
-    """``8-bit RGB``, ``16-bit grey``: a dataset's or a sample's kind in a message."""
-    name = {1: "grey", 3: "RGB"}.get(channels or 0, f"{channels}-channel")
-    return f"{bit_depth}-bit {name}"
+    """``8-bit RGB``, ``16-bit grey``: a dataset's or a sample's kind in a message (``?`` for what
+    is not known, "of a kind not recorded" when neither is)."""
+    if channels is None and bit_depth is None:
+        return "of a kind not recorded"
+    name = "?" if channels is None else {1: "grey", 3: "RGB"}.get(channels, f"{channels}-channel")
+    return f"{'?' if bit_depth is None else bit_depth}-bit {name}"
 
 
 # ---- build.skipped: what a build or an index left out, bounded ---------------------------------

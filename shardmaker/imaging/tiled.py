@@ -95,26 +95,31 @@ class TiledImage:
         """Tile ``i`` decoded (once), its bytes and header checked first."""
         got = self._tiles.get(i)
         if got is None:
-            h = self.header
-            data: bytes | memoryview
-            if isinstance(self._member, (bytes, bytearray, memoryview)):
-                data = tl.tile_view(memoryview(self._member), h, self._index, i, self._verify)
-            else:  # read now: just this tile's bytes, then checked as a view would be
-                off, n, _, digest = self._index.item(i)
-                data = _bytes_at(self._member, off, n)
-                if len(data) != n:
-                    raise tl.TileFormatError(f"{len(data)} of its {n} bytes at {off} could be read", i)
-                if self._verify and xxhash.xxh3_64_intdigest(data) != digest:
-                    raise tl.TileFormatError("xxh3_64 of its bytes differs from the index", i)
-            tl.check_tile(h, i, data)
-            try:
-                got = decode(data, h.codec)
-            except ImageDataError as e:
-                raise tl.TileFormatError(str(e), i) from None
-            _, _, th, tw = h.box(i)
-            if got.shape[:2] != (th, tw) or got.dtype != self.dtype:  # the decoder agrees with the header
-                raise tl.TileFormatError(f"decoded to {got.shape} {got.dtype}, the grid says {th}x{tw} {self.dtype}", i)
-            self._tiles[i] = got
+            got = self._tiles[i] = self.decode_tile(i)
+        return got
+
+    def decode_tile(self, i: int) -> np.ndarray:
+        """Tile ``i`` read, checked and decoded now, not kept (``tile`` keeps it): what a whole-member
+        check (``shardmaker verify --deep``) walks, in the memory of one tile."""
+        h = self.header
+        data: bytes | memoryview
+        if isinstance(self._member, (bytes, bytearray, memoryview)):
+            data = tl.tile_view(memoryview(self._member), h, self._index, i, self._verify)
+        else:  # read now: just this tile's bytes, then checked as a view would be
+            off, n, _, digest = self._index.item(i)
+            data = _bytes_at(self._member, off, n)
+            if len(data) != n:
+                raise tl.TileFormatError(f"{len(data)} of its {n} bytes at {off} could be read", i)
+            if self._verify and xxhash.xxh3_64_intdigest(data) != digest:
+                raise tl.TileFormatError("xxh3_64 of its bytes differs from the index", i)
+        tl.check_tile(h, i, data)
+        try:
+            got = decode(data, h.codec)
+        except ImageDataError as e:
+            raise tl.TileFormatError(str(e), i) from None
+        _, _, th, tw = h.box(i)
+        if got.shape[:2] != (th, tw) or got.dtype != self.dtype:  # the decoder agrees with the header
+            raise tl.TileFormatError(f"decoded to {got.shape} {got.dtype}, the grid says {th}x{tw} {self.dtype}", i)
         return got
 
     def region(self, y: int, x: int, height: int, width: int) -> np.ndarray:

@@ -98,14 +98,6 @@ def check_digests(shard: str, key: str, members: Mapping[str, Any], meta: dict, 
             raise SampleError(shard, key, f"{name} does not match its {verify.value} in {key}.json (corrupt shard)")
 
 
-def kind_text(channels: int | None, bit_depth: int | None) -> str:
-    """``8-bit RGB``, ``16-bit grey`` (``?`` for what is not known)."""
-    if channels is None and bit_depth is None:
-        return "of a kind not recorded"
-    depth = "?" if bit_depth is None else str(bit_depth)
-    return f"{depth}-bit {({1: 'grey', 3: 'RGB'}).get(channels or 0, '?')}"
-
-
 @dataclasses.dataclass
 class Kind:
     """What every sample of a dataset (or of a mix: their batches are stacked) decodes to: channels
@@ -129,7 +121,7 @@ class Kind:
         for field in ("channels", "bit_depth"):
             values = {getattr(m, field) for _, m in parts} - {None}
             if len(values) > 1:
-                kinds = "; ".join(f"{folder}: {kind_text(m.channels, m.bit_depth)}" for folder, m in parts)
+                kinds = "; ".join(f"{folder}: {fmt.kind_text(m.channels, m.bit_depth)}" for folder, m in parts)
                 raise ValueError(
                     f"datasets of different kinds cannot be mixed (their batches would not stack): {kinds} "
                     "(convert one, or train on them apart)"
@@ -148,8 +140,8 @@ class Kind:
         raise SampleError(
             shard,
             key,
-            f"{name} is {kind_text(head.channels, head.bit_depth)}, but {self.where} is "
-            f"{kind_text(self.channels, self.bit_depth)} ({source}): a sample of another kind",
+            f"{name} is {fmt.kind_text(head.channels, head.bit_depth)}, but {self.where} is "
+            f"{fmt.kind_text(self.channels, self.bit_depth)} ({source}): a sample of another kind",
         )
 
     def fix(self, key: str, head: fmt.ImageHeader) -> None:
