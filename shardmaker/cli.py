@@ -13,6 +13,7 @@ from typing import Any
 
 from shardmaker import __version__
 from shardmaker.builder import BuildConfig, build, merge_when_ready
+from shardmaker.builder.regions import DEFAULT_REGION
 from shardmaker.builder.sample import LrMethod, SampleConfig
 from shardmaker.clikit import OneLineParser, configure_logging, parse_args, parse_part, parse_scales, parse_size, storage_error
 from shardmaker.errors import OnError, ShardmakerError, brief
@@ -100,6 +101,23 @@ def _build_parser(sub: Any) -> None:
         help="store large images as tiles that a patch decodes only a few of (docs/format.md): auto tiles images "
         "over 8 Mpx with the smallest side >= 256 every scale divides (256 for x2/x4, 264 with x3); N: that side "
         "in HR pixels; off (default): whole images",
+    )
+    b.add_argument(
+        "--region",
+        type=int,
+        default=DEFAULT_REGION,
+        metavar="N",
+        help=f"images larger than N HR pixels on a side (default {DEFAULT_REGION}) become region samples of at most "
+        "NxN, keyed KEY_yYYYYYYY_xXXXXXXX; a TIFF source (tiled, BigTIFF, OME, pyramidal level 0) is read region by "
+        "region, so a build's memory is bounded by the region, never the whole slide",
+    )
+    b.add_argument(
+        "--min-valid",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="drop samples (regions, images) whose share of non-flat 64x64 blocks is below F, e.g. 0.2: glass "
+        "background of a slide, nodata of a scene; listed in the manifest (build.dropped); default 0: keep all",
     )
     b.add_argument(
         "--png-level",
@@ -364,6 +382,8 @@ def _build(args: argparse.Namespace) -> int:
         drop_alpha=args.drop_alpha,
         max_pixels=args.max_pixels,
         tiles=args.tiles,
+        region=args.region,
+        min_valid=args.min_valid,
     )
     opts = BuildConfig(
         hr_src=args.hr_src[0] if len(args.hr_src) == 1 else tuple(args.hr_src),
@@ -393,6 +413,8 @@ def _build(args: argparse.Namespace) -> int:
         for s in res.skipped[:_LISTED]:
             print(f"  {s.path}: {s.reason}")
         _and_more(len(res.skipped))
+    if res.dropped:
+        print(f"dropped {len(res.dropped)} sample(s) under --min-valid {args.min_valid:g} (listed in the manifest)")
     if res.ignored:
         exts = collections.Counter(posixpath.splitext(p)[1].lower() or "(no extension)" for p in res.ignored)
         kinds = ", ".join(f"{n} {e}" for e, n in sorted(exts.items(), key=lambda en: (-en[1], en[0])))

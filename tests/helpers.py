@@ -55,6 +55,22 @@ def photos() -> list[np.ndarray]:
     return [p.copy() for p in _photos()]
 
 
+def mosaic(h: int, w: int) -> np.ndarray:
+    """An RGB image of real photos side by side, row after row (not noise: codecs and the resize
+    behave as on real data), each repeat shifted so no two places are alike."""
+    out = np.zeros((h, w, 3), np.uint8)
+    ps = photos()
+    i = 0
+    for y in range(0, h, 512):
+        x = 0
+        while x < w:
+            p = np.roll(ps[i % len(ps)], 37 * i, axis=1)[: min(512, h - y), : w - x]
+            out[y : y + p.shape[0], x : x + p.shape[1]] = p
+            x += p.shape[1]
+            i += 1
+    return out
+
+
 def load_rgb(path: Path) -> np.ndarray:
     return np.asarray(Image.open(path).convert("RGB"))
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tifffile
 
-from shardmaker.builder.regions import Region, plan_regions, region_lr, valid_share
+from shardmaker.builder.regions import BAND_PIXELS, Region, plan_regions, region_lr, valid_share
 from shardmaker.errors import ImageDataError
 from shardmaker.imaging.regions import TiffRegions, is_tiff
 from shardmaker.imaging.resize import ResizeMethod, downscale
@@ -225,9 +225,10 @@ def test_region_lr_equals_the_whole_images_lr_crop(method: ResizeMethod, scales:
     for s in scales:
         whole = downscale(img[: 701 // s * s, : 1103 // s * s], s, method)
         for r in plan_regions(701, 1103, 120, scales):
-            got = region_lr(read, (701, 1103), r, s, method)
             want = whole[r.y // s : (r.y + r.h) // s, r.x // s : (r.x + r.w) // s]
-            np.testing.assert_array_equal(got, want, err_msg=f"x{s} {r}")
+            for band in (BAND_PIXELS, 40 * 120):  # one band, and bands of a few LR rows
+                got = region_lr(read, (701, 1103), r, s, method, band_pixels=band)
+                np.testing.assert_array_equal(got, want, err_msg=f"x{s} {r} bands of {band} px")
 
 
 def test_region_lr_16_bit_grey_from_a_tiff(tmp_path: Path) -> None:

@@ -64,6 +64,7 @@ class BuildResult:
     complete: bool  # False for a part: run `shardmaker merge` once every part is done
     manifest_url: str = ""  # manifest_path as a URL (s3://bucket/...; local paths stay plain)
     ignored: list[str] = dataclasses.field(default_factory=list)  # source files that are not images (notes.txt)
+    dropped: list[Skipped] = dataclasses.field(default_factory=list)  # samples under --min-valid (not errors)
 
 
 def shard_name(index: int, part: tuple[int, int] | None) -> str:

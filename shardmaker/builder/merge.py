@@ -9,7 +9,7 @@ from typing import Any
 
 from shardmaker import storage
 from shardmaker.errors import BuildError
-from shardmaker.format.manifest import MANIFEST, Manifest, ManifestError, Skips, kind_text, shard_path
+from shardmaker.format.manifest import MANIFEST, Dropped, Manifest, ManifestError, Skips, kind_text, shard_path
 from shardmaker.format.manifest import parse as parse_manifest
 
 log = logging.getLogger("shardmaker.builder")
@@ -93,10 +93,11 @@ def merge(out_url: str, storage_options: dict[str, Any] | None = None) -> Manife
             raise BuildError(f"{out_url}: shard {s.name} listed by a part manifest is missing") from None
         if size != s.bytes:
             raise BuildError(f"{out_url}: shard {s.name} has {size} bytes, its part manifest says {s.bytes}")
-    skips = Skips()
+    skips, dropped = Skips(), Dropped()
     for pm in manifests:
         skips.extend(pm.build)
-    build_info = dict(first.build, part=None, parts=total, **skips.to_build())
+        dropped.extend(pm.build)
+    build_info = dict(first.build, part=None, parts=total, **skips.to_build(), **dropped.to_build())
     merged = Manifest(first.codec, first.scales, first.lr_method, shards, build_info, channels=channels, bit_depth=bit_depth)
     storage.write_atomic(fs, storage.join(root, MANIFEST), merged.dumps())
     return merged

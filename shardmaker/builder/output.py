@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from typing import Any
@@ -155,7 +154,7 @@ class Output:
             "fingerprint": self.fp,
             "shard": info.to_json(),
             "next_sample": next_sample,
-            "skipped": [dataclasses.asdict(s) for s in skipped],
+            "skipped": [s.to_json() for s in skipped],
         }
         self.fs.makedirs(self.state_root, exist_ok=True)
         storage.write_atomic(self.fs, storage.join(self.state_root, info.name + ".json"), json.dumps(doc).encode())

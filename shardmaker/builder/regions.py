@@ -5,7 +5,8 @@ is not flat background (``--min-valid``).
 A region's HR starts at a multiple of every scale, so its LR sits on the whole image's LR grid. Its
 LR is computed from the region read with a margin of ``3 * s`` HR pixels (the bicubic kernel reaches
 ``2 * s + 1`` pixels at ``1/s``) clipped to the mod-cropped image, so every LR pixel sees the pixels
-(and, at the image's own border, the mirroring) it sees in the whole image: the LR is bit-exact.
+(and, at the image's own border, the mirroring) it sees in the whole image: the LR is bit-exact. The
+same holds for any band of rows, so the LR is made band by band, in bounded memory.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = ["DEFAULT_REGION", "Region", "plan_regions", "region_lr", "valid_share
 
 DEFAULT_REGION = 8192  # HR pixels per region side
 FLAT_BLOCK = 64  # pixels per side of the blocks valid_share looks at
+BAND_PIXELS = 1 << 22  # HR pixels per band of region_lr: its float64 passes then hold ~100 MB for RGB
 Reader = Callable[[int, int, int, int], np.ndarray]  # (y, x, h, w) -> pixels
 
 
@@ -40,26 +42,42 @@ class Region:
 
 
 def plan_regions(height: int, width: int, side: int, scales: Sequence[int]) -> list[Region]:
-    """Row-major regions of at most ``side`` (rounded down to a multiple of every scale) covering the
-    image; a last row or column thinner than the scales' step joins its neighbour, so every region
-    has an LR at every scale."""
+    """Row-major regions of at most ``side`` HR pixels covering the image, as even as the scales'
+    grid allows: a side of ``n`` pixels is cut into ``ceil(n / side)`` pieces whose starts are
+    multiples of every scale (so each region's LR sits on the whole image's LR grid) and whose
+    lengths differ by at most one grid step; only the last piece holds the pixels past the grid.
+    No sliver: every region has an LR at every scale."""
     step = math.lcm(*scales)
     side = max(step, side // step * step)
 
-    def starts(n: int) -> list[tuple[int, int]]:
-        cuts = list(range(0, n, side))
-        if len(cuts) > 1 and n - cuts[-1] < step:
-            cuts.pop()
-        return [(a, (cuts[i + 1] if i + 1 < len(cuts) else n) - a) for i, a in enumerate(cuts)]
+    def pieces(n: int) -> list[tuple[int, int]]:
+        units, rem = divmod(n, step)
+        if units == 0:
+            return [(0, n)]
+        k = -(-n // side)
+        while True:
+            sizes = [(units // k + (i < units % k)) * step for i in range(k)]
+            sizes[-1] += rem
+            if max(sizes) <= side or k >= units:
+                break
+            k += 1
+        starts = [sum(sizes[:i]) for i in range(k)]
+        return list(zip(starts, sizes, strict=True))
 
-    return [Region(y, x, h, w) for y, h in starts(height) for x, w in starts(width)]
+    return [Region(y, x, h, w) for y, h in pieces(height) for x, w in pieces(width)]
 
 
 def region_lr(
-    read: Reader, image_hw: tuple[int, int], region: Region, scale: int, method: ResizeMethod = ResizeMethod.MATLAB
+    read: Reader,
+    image_hw: tuple[int, int],
+    region: Region,
+    scale: int,
+    method: ResizeMethod = ResizeMethod.MATLAB,
+    band_pixels: int = BAND_PIXELS,
 ) -> np.ndarray:
     """The x``scale`` LR of ``region``: the crop of ``downscale(mod_crop(image))`` it covers, computed
-    from the region and a margin read through ``read`` (never the whole image)."""
+    from the region and a margin read through ``read`` (never the whole image), in bands of about
+    ``band_pixels`` HR pixels, so the resize's float64 passes hold one band, not the region."""
     s = scale
     if region.y % s or region.x % s:
         raise ValueError(f"region at ({region.x}, {region.y}) is not on the x{s} grid")
@@ -67,12 +85,31 @@ def region_lr(
     y1, x1 = min(region.y + region.h, hc), min(region.x + region.w, wc)
     if y1 <= region.y or x1 <= region.x:
         raise ValueError(f"region {region} has no x{s} LR in a {image_hw[1]}x{image_hw[0]} image")
+    lh = (y1 - region.y) // s
+    rows = max(1, band_pixels // (x1 - region.x) // s)  # LR rows per band
+    out: np.ndarray | None = None
+    for r0 in range(0, lh, rows):
+        r1 = min(lh, r0 + rows)
+        part = _band_lr(read, (hc, wc), (region.y + r0 * s, region.y + r1 * s), (region.x, x1), s, method)
+        if out is None:
+            out = np.empty((lh, *part.shape[1:]), part.dtype)
+        out[r0:r1] = part
+    assert out is not None
+    return out
+
+
+def _band_lr(
+    read: Reader, crop_hw: tuple[int, int], ys: tuple[int, int], xs: tuple[int, int], s: int, method: ResizeMethod
+) -> np.ndarray:
+    """LR rows ``ys // s`` x columns ``xs // s`` of the mod-cropped image ``crop_hw``, from those HR
+    pixels and a margin of ``3 * s`` (the bicubic kernel reaches ``2 * s + 1`` at ``1/s``) clipped to
+    the crop, so each LR pixel sees what it sees in the whole image, the mirroring at its border too."""
     m = 3 * s
-    ty, tx = max(0, region.y - m), max(0, region.x - m)
-    by, bx = min(hc, y1 + m), min(wc, x1 + m)
+    ty, tx = max(0, ys[0] - m), max(0, xs[0] - m)
+    by, bx = min(crop_hw[0], ys[1] + m), min(crop_hw[1], xs[1] + m)
     lr = downscale(read(ty, tx, by - ty, bx - tx), s, method)
-    oy, ox = (region.y - ty) // s, (region.x - tx) // s
-    return np.ascontiguousarray(lr[oy : oy + (y1 - region.y) // s, ox : ox + (x1 - region.x) // s])
+    oy, ox = (ys[0] - ty) // s, (xs[0] - tx) // s
+    return lr[oy : oy + (ys[1] - ys[0]) // s, ox : ox + (xs[1] - xs[0]) // s]
 
 
 def valid_share(img: np.ndarray, tolerance: int | None = None) -> float:
@@ -81,8 +118,13 @@ def valid_share(img: np.ndarray, tolerance: int | None = None) -> float:
     Glass background in a slide and nodata in a scene are flat; tissue and terrain are not."""
     tol = (8 if img.dtype == np.uint8 else 2048) if tolerance is None else tolerance
     a = img if img.ndim == 3 else img[:, :, None]
-    rows, cols = np.arange(0, a.shape[0], FLAT_BLOCK), np.arange(0, a.shape[1], FLAT_BLOCK)
-    hi = np.maximum.reduceat(np.maximum.reduceat(a, rows, axis=0), cols, axis=1)
-    lo = np.minimum.reduceat(np.minimum.reduceat(a, rows, axis=0), cols, axis=1)
-    spread = (hi.astype(np.int64) - lo).max(axis=2)
+    n = -(-a.shape[0] // FLAT_BLOCK)
+    hi = np.empty((n, *a.shape[1:]), a.dtype)
+    lo = np.empty_like(hi)
+    for i in range(n):  # one band of rows at a time: a contiguous max/min, ~40x numpy's reduceat over rows
+        band = a[i * FLAT_BLOCK : (i + 1) * FLAT_BLOCK]
+        band.max(axis=0, out=hi[i])
+        band.min(axis=0, out=lo[i])
+    cols = np.arange(0, a.shape[1], FLAT_BLOCK)
+    spread = (np.maximum.reduceat(hi, cols, axis=1).astype(np.int64) - np.minimum.reduceat(lo, cols, axis=1)).max(axis=2)
     return float(np.mean(spread > tol))

@@ -25,6 +25,7 @@ import multiprocessing
 import time
 from collections import deque
 from collections.abc import Generator
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -41,11 +42,21 @@ from shardmaker.builder.config import (
 )
 from shardmaker.builder.output import Output
 from shardmaker.builder.sample import EncodedSample, LrMethod, encode_or_skip
-from shardmaker.builder.sources import Pair, Skipped, scan_sources
+from shardmaker.builder.sources import Pair, Skipped, scan_sources, split_regions
 from shardmaker.builder.writer import ShardWriter
 from shardmaker.errors import BuildError, InputError, OnError, brief
 from shardmaker.format import tario
-from shardmaker.format.manifest import FORMAT, MANIFEST, Manifest, ManifestError, ShardInfo, Skips, key_problem, kind_text
+from shardmaker.format.manifest import (
+    FORMAT,
+    MANIFEST,
+    Dropped,
+    Manifest,
+    ManifestError,
+    ShardInfo,
+    Skips,
+    key_problem,
+    kind_text,
+)
 from shardmaker.format.manifest import parse as parse_manifest
 
 log = logging.getLogger("shardmaker.builder")
@@ -106,6 +117,10 @@ def fingerprint(pairs: list[Pair], opts: BuildConfig) -> str:
         doc["lr_pattern"] = opts.lr_pattern
     if cfg.tiles != "off":  # the same: untiled builds keep their fingerprints
         doc["tiles"] = cfg.tiles
+    if any(p.region is not None for p in pairs):  # and builds of images no larger than a region
+        doc["region"] = cfg.region
+    if cfg.min_valid:
+        doc["min_valid"] = cfg.min_valid
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -194,14 +209,32 @@ def _of_kind(
     raise InputError(path, f"{why} (--on-error skip leaves it out)")
 
 
+def _regions(opts: BuildConfig, pairs: list[Pair]) -> dict[str, Any]:
+    """The build's ``regions`` record: the region side, how many source images were split and into
+    how many region samples (absent when no image is larger than a region)."""
+    split = [p for p in pairs if p.region is not None]
+    if not split:
+        return {}
+    return {"regions": {"side": opts.sample.region, "images": len({p.hr for p in split}), "samples": len(split)}}
+
+
 def _manifest(
-    opts: BuildConfig, fp: str, shards: list[ShardInfo], skipped: list[Skipped], n_total: int, kind: tuple[int, int] | None
+    opts: BuildConfig,
+    fp: str,
+    shards: list[ShardInfo],
+    skipped: list[Skipped],
+    n_total: int,
+    kind: tuple[int, int] | None,
+    regions: dict[str, Any],
 ) -> Manifest:
     cfg = opts.sample
     scales = sorted(cfg.scales)
-    skips = Skips()
+    skips, dropped = Skips(), Dropped(cfg.min_valid)
     for s in skipped:
-        skips.add(dataclasses.asdict(s), s.reason, s.path, logged=False)
+        if s.valid is not None:
+            dropped.add(s.key, s.path, s.valid)
+        else:
+            skips.add(s.to_json(), s.reason, s.path, logged=False)
     return Manifest(
         codec=cfg.codec.value,
         scales=scales,
@@ -216,8 +249,10 @@ def _manifest(
             "max_samples": opts.max_samples,
             "mod_crop": cfg.mod_crop,
             "part": list(opts.part) if opts.part else None,
-            "sources": n_total,
+            "sources": n_total,  # source images (one split into regions counts once)
             **skips.to_build(),
+            **dropped.to_build(),
+            **regions,
         },
         channels=kind[0] if kind else None,
         bit_depth=kind[1] if kind else None,
@@ -231,6 +266,7 @@ def build(opts: BuildConfig) -> BuildResult:
     pairs, skipped_scan, ignored = scan_sources(
         _hr_sources(opts), opts.lr_srcs, opts.sample.mod_crop, opts.on_error, opts.sample.storage_options, opts.lr_pattern
     )
+    pairs = split_regions(pairs, opts.sample.region, None if opts.lr_srcs else opts.sample.scales)
     pairs, bad_keys = _good_keys(pairs, opts.on_error)
     _log_skips(skipped_scan + bad_keys)
     if not pairs and bad_keys:
@@ -297,7 +333,10 @@ def _build_locked(opts: BuildConfig, out: Output, pairs: list[Pair], skipped_sca
             if isinstance(item, EncodedSample):
                 kind, item = _of_kind(item, todo[index - start - 1].hr, kind, opts)
             if isinstance(item, Skipped):
-                skips.add({}, item.reason, item.path)
+                if item.valid is None:
+                    skips.add({}, item.reason, item.path)
+                else:  # --min-valid: flat background left out, not an error
+                    log.debug("dropping %s: %s", item.key, item.reason)
                 skipped.append(item)
             else:
                 size = len(item.tar_bytes)
@@ -335,7 +374,7 @@ def _build_locked(opts: BuildConfig, out: Output, pairs: list[Pair], skipped_sca
         log.warning("part %d/%d has no samples (more parts than images); writing an empty part", *opts.part)
     scan_skips = skipped_scan if opts.part is None or opts.part[0] == 0 else []  # listed once
     skipped_all = scan_skips + skipped
-    manifest = _manifest(opts, fp, shards, skipped_all, len(pairs), kind)
+    manifest = _manifest(opts, fp, shards, skipped_all, len({p.hr for p in pairs}), kind, _regions(opts, pairs))
     try:
         storage.write_atomic(out.fs, manifest_path, manifest.dumps())
     except OSError as exc:
@@ -347,10 +386,11 @@ def _build_locked(opts: BuildConfig, out: Output, pairs: list[Pair], skipped_sca
         len(shards),
         manifest.bytes,
         reused,
-        skipped_all,
+        [s for s in skipped_all if s.valid is None],
         time.perf_counter() - t0,
         opts.part is None,
         storage.url_of(out.fs, manifest_path),
+        dropped=[s for s in skipped_all if s.valid is not None],
     )
 
 

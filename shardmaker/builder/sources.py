@@ -22,9 +22,11 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from shardmaker import storage
+from shardmaker.builder.regions import Region, plan_regions
 from shardmaker.errors import InputError, OnError
 from shardmaker.format import patterns
 from shardmaker.imaging import codecs
+from shardmaker.imaging.regions import TiffRegions, is_tiff
 
 log = logging.getLogger(__name__)
 _XSUFFIX = re.compile(r"^(.*?)x(\d+)$")
@@ -65,12 +67,38 @@ class Pair:
     hr_size: tuple[int, int]  # (w, h)
     lr: tuple[tuple[int, str, str], ...] = ()  # (scale, URL, relative path), ascending scale
     stamps: tuple[str, ...] = ()  # size + modification stamp of HR, then of each LR: an edit changes them
+    region: Region | None = None  # a region sample: this part of the source image (hr_size is the region's)
+    image_size: tuple[int, int] | None = None  # a region sample's whole source image (w, h)
 
 
 @dataclasses.dataclass(frozen=True)
 class Skipped:
     path: str
     reason: str
+    key: str | None = None  # a dropped region's key
+    valid: float | None = None  # a region dropped by --min-valid: its share of non-flat content (not an error)
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"path": self.path, "reason": self.reason}
+        if self.valid is not None:
+            d |= {"key": self.key, "valid": self.valid}
+        return d
+
+
+def split_regions(pairs: Sequence[Pair], side: int, scales: Sequence[int] | None = None) -> list[Pair]:
+    """Each pair whose image is larger than ``side`` on a side as its region samples
+    (:func:`~shardmaker.builder.regions.plan_regions`: keys ``{key}_y{Y}_x{X}``), in key order; the
+    others as they are. ``scales``: the generated scales (provided LR: each pair's own)."""
+    out: list[Pair] = []
+    for p in pairs:
+        w, h = p.hr_size
+        if max(w, h) <= side:
+            out.append(p)
+            continue
+        step_scales = list(scales) if scales else [s for s, _, _ in p.lr] or [1]
+        for r in plan_regions(h, w, side, step_scales):
+            out.append(dataclasses.replace(p, key=r.key(p.key), hr_size=(r.w, r.h), region=r, image_size=(w, h)))
+    return sorted(out, key=lambda p: p.key)
 
 
 def make_key(rel_path: str) -> str:
@@ -198,6 +226,10 @@ def header_size(fs: fsspec.AbstractFileSystem, path: str, ext: str | None = None
     try:
         with storage.open_input(fs, path) as f:  # a FIFO or device swapped in since the scan: InputError, no wait
             head = f.read(1 << 16)
+            if is_tiff(head) and (ext is None or ext.lower().lstrip(".") in ("tif", "tiff")):
+                f.seek(0)  # tifffile reads the header and the first page's tags only, whatever the file's size
+                with TiffRegions(f, drop_alpha=True, name=posixpath.basename(path)) as tif:
+                    return tif.width, tif.height
             try:
                 return codecs.image_size(head, ext)
             except codecs.ImageDataError:

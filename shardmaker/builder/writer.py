@@ -33,6 +33,7 @@ class ShardWriter:
         self.keys: list[str] = []
         self.offsets: list[int] = []
         self.hr_sizes: list[list[int]] = []
+        self.tiles: list[int] = []  # HR tile side per sample, 0: whole
         try:
             self._f = fs.open(self.temp, "wb")
         except OSError as exc:
@@ -60,6 +61,7 @@ class ShardWriter:
         self.keys.append(sample.key)
         self.offsets.append(self.offset)
         self.hr_sizes.append(list(sample.hr_size))
+        self.tiles.append(sample.tiles)
         self._write(sample.tar_bytes)
 
     def finish(self) -> ShardInfo:
@@ -77,6 +79,7 @@ class ShardWriter:
             offsets=self.offsets,
             hr_sizes=self.hr_sizes,
             probe=probe_of(self._head, b"".join(self._tail)[-PROBE_BYTES:]),
+            tiles=self.tiles if any(self.tiles) else None,  # the column only where a sample is tiled
         )
 
     def publish(self) -> None:

@@ -52,6 +52,7 @@ from shardmaker.format.schema import (
     shard_path,
     str_field,
 )
+from shardmaker.format.tiles import MAX_TILE, MIN_TILE
 
 __all__ = [
     "BLOCK",
@@ -117,6 +118,8 @@ class ShardInfo:
     hr_sizes: Sequence[Sequence[int]]
     probe: str | None = None  # probe_of(first MiB, last MiB); absent in manifests of older builds
     members: dict[str, MemberColumns] | None = None  # foreign shards (an index): where each member is
+    # each sample's HR tile side (0: stored whole); None: no sample of the shard is tiled
+    tiles: Sequence[int] | None = None
 
     def __post_init__(self) -> None:
         n = self.samples
@@ -128,6 +131,8 @@ class ShardInfo:
         offsets = np.asarray(self.offsets, dtype=np.int64)
         if (n and offsets[0] != 0 and self.members is None) or bool(np.any(np.diff(offsets) <= 0)):
             raise ManifestError(f"shard {self.name}: offsets must start at 0 and increase")
+        if self.tiles is not None and len(self.tiles) != n:
+            raise ManifestError(f"shard {self.name}: samples={n} but {len(self.tiles)} tiles")
         for m in (self.members or {}).values():
             if len(m.offsets) != n or not np.array_equal(offsets, np.minimum(offsets, m.offsets.astype(np.int64))):
                 raise ManifestError(f"shard {self.name}: a sample's offset must be that of its first member")
@@ -148,7 +153,13 @@ class ShardInfo:
             d["probe"] = self.probe
         if self.members is not None:
             d["members"] = {name: cols.to_json() for name, cols in self.members.items()}
+        if self.tiles is not None:
+            d["tiles"] = [int(t) for t in self.tiles]
         return d
+
+    def tiled(self, i: int) -> int:
+        """Sample ``i``'s HR tile side, 0 when it is stored whole."""
+        return 0 if self.tiles is None else int(self.tiles[i])
 
     @classmethod
     def from_json(cls, d: Any, where: str = MANIFEST, field: str = "shard", compact: bool = False) -> ShardInfo:
@@ -200,6 +211,14 @@ class ShardInfo:
             first = np.min(np.stack([c.offsets.astype(np.int64) for c in members.values()]), axis=0)
             if not np.array_equal(first, np.asarray(offsets, dtype=np.int64)):
                 raise ManifestError(where, f"{f}.offsets", "a sample's offset must be that of its first member")
+        tiles = None
+        if "tiles" in d:
+            if indexed:
+                raise ManifestError(where, f"{f}.tiles", "an index of foreign shards has no tiled samples")
+            tiles = list_field(d["tiles"], where, f"{f}.tiles", samples)
+            for i, t in enumerate(tiles):
+                if type(t) is not int or not (t == 0 or MIN_TILE <= t <= MAX_TILE):
+                    raise ManifestError(where, f"{f}.tiles[{i}]", f"must be 0 (whole) or a tile side in [{MIN_TILE}, {MAX_TILE}]")
         if compact:
             return cls(
                 name,
@@ -212,8 +231,9 @@ class ShardInfo:
                 np.asarray(sizes, dtype=np.uint16 if max(map(max, sizes)) < 1 << 16 else np.int32).reshape(-1, 2),  # type: ignore[arg-type]
                 probe,
                 members,
+                None if tiles is None else np.asarray(tiles, dtype=np.uint16),  # type: ignore[arg-type]
             )
-        return cls(name, samples, size, digest, list(keys), list(offsets), [list(wh) for wh in sizes], probe, members)
+        return cls(name, samples, size, digest, list(keys), list(offsets), [list(wh) for wh in sizes], probe, members, tiles)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -411,6 +431,39 @@ class Skips:
     def to_build(self) -> dict[str, Any]:
         """The fields of a manifest's ``build``."""
         return {"skipped": list(self.first), "skipped_count": self.count, "skipped_reasons": dict(self.reasons)}
+
+
+DROP_EXAMPLES = 10_000  # dropped samples listed by key in a manifest; more are counted
+
+
+class Dropped:
+    """The record of samples ``--min-valid`` left out (flat background, nodata: not errors): the build's
+    ``min_valid``, ``dropped`` (the first :data:`DROP_EXAMPLES`, each ``{key, source, valid}``) and
+    ``dropped_count``. Absent from builds without ``--min-valid``."""
+
+    def __init__(self, min_valid: float = 0.0) -> None:
+        self.min_valid, self.count = min_valid, 0
+        self.first: list[dict[str, Any]] = []
+
+    def add(self, key: str | None, source: str, valid: float) -> None:
+        self.count += 1
+        if len(self.first) < DROP_EXAMPLES:
+            self.first.append({"key": key, "source": source, "valid": valid})
+
+    def extend(self, build: dict[str, Any]) -> None:
+        """Add a part manifest's record."""
+        listed = build.get("dropped", [])
+        listed = listed if type(listed) is list else []
+        count = build.get("dropped_count", len(listed))
+        self.count += count if type(count) is int and count >= 0 else len(listed)
+        self.first += listed[: DROP_EXAMPLES - len(self.first)]
+        if isinstance(build.get("min_valid"), (int, float)):
+            self.min_valid = build["min_valid"]
+
+    def to_build(self) -> dict[str, Any]:
+        if not self.min_valid and not self.count:
+            return {}
+        return {"min_valid": self.min_valid, "dropped": list(self.first), "dropped_count": self.count}
 
 
 def _kind_field(d: dict[str, Any], key: str, where: str) -> int | None:

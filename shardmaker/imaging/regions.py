@@ -10,17 +10,26 @@ decode; a file ``tifffile`` cannot parse is an :class:`ImageDataError`, never it
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from shardmaker.errors import ImageDataError
 
-__all__ = ["MAX_SEGMENT_PIXELS", "TiffRegions", "is_tiff"]
+__all__ = ["MAX_SEGMENT_PIXELS", "MissingCodecError", "TiffFallback", "TiffRegions", "is_tiff"]
 
 MAX_SEGMENT_PIXELS = 1 << 26  # one tile or strip: 8192 x 8192
 _SIDE = 1 << 20
 TIFF_MAGICS = (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+")  # classic and BigTIFF, both byte orders
+
+
+class TiffFallback(ImageDataError):
+    """A TIFF this reader leaves to a whole-image decoder (Pillow): a photometric interpretation
+    other than grey or RGB (palette, CMYK, MinIsWhite, ...), or segments that need a codec missing here."""
+
+
+class MissingCodecError(TiffFallback):
+    """A TIFF whose segments need ``imagecodecs`` (the ``tiff`` extra), which is not installed."""
 
 
 def is_tiff(head: bytes) -> bool:
@@ -29,14 +38,15 @@ def is_tiff(head: bytes) -> bool:
 
 class TiffRegions:
     """One TIFF's base image (series 0, level 0) as ``height x width [x 3]`` uint8/uint16 pixels
-    read by region. ``drop_alpha`` keeps the colour of an RGBA or grey+alpha image."""
+    read by region, from a path or an open binary file (left open). ``drop_alpha`` keeps the colour
+    of an RGBA or grey+alpha image."""
 
-    def __init__(self, path: str, drop_alpha: bool = False) -> None:
+    def __init__(self, source: str | BinaryIO, drop_alpha: bool = False, name: str | None = None) -> None:
         import tifffile
 
-        self.path = path
-        try:
-            self._tif = tifffile.TiffFile(path)
+        self.path = source if isinstance(source, str) else (name or "TIFF file")
+        try:  # an open file goes in as a FileHandle with a name (a descriptor's own name is a number)
+            self._tif = tifffile.TiffFile(source if isinstance(source, str) else tifffile.FileHandle(source, name=self.path))
             series = self._tif.series[0]
             level = series.levels[0]
             page = level.keyframe
@@ -52,6 +62,10 @@ class TiffRegions:
     def _setup(self, page: Any, drop_alpha: bool) -> None:
         if self._pages != 1:
             raise ImageDataError(f"TIFF level 0 has {self._pages} pages (planes or a stack): one image is expected")
+        photometric = int(page.photometric)
+        jpeg_ycbcr = photometric == 6 and int(page.compression) in (6, 7)  # tifffile decodes JPEG YCbCr to RGB
+        if photometric not in (1, 2) and not jpeg_ycbcr:
+            raise TiffFallback(f"TIFF photometric {page.photometric.name}: region reads take grey or RGB only")
         if page.dtype not in (np.uint8, np.uint16):
             raise ImageDataError(f"TIFF of {page.dtype} samples: 8- and 16-bit images only")
         spp = int(page.samplesperpixel)
@@ -129,7 +143,7 @@ class TiffRegions:
             raise
         except Exception as e:  # noqa: BLE001 - a codec's own error on corrupt data
             if "imagecodecs" in str(e):  # tifffile needs it for LZW, zstd, JPEG, ... segments: the tiff extra
-                raise ImageDataError(
+                raise MissingCodecError(
                     f"TIFF segment {i}: {page.compression.name} segments need imagecodecs (pip install 'wdsr[tiff]')"
                 ) from None
             raise ImageDataError(f"TIFF segment {i}: {type(e).__name__}: {str(e)[:200]}") from None
