@@ -50,13 +50,14 @@ def manifest_of(url: str, storage_options: dict[str, Any] | None = None) -> tupl
 
 def ls_lines(url: str, keys: bool = False, storage_options: dict[str, Any] | None = None) -> Iterator[str]:
     """One line per shard (name, samples, bytes) and a total; with ``keys``, one line per sample
-    instead: shard, key and HR size (``W x H``)."""
+    instead: shard, key, HR size (``W x H``) and, for a tiled sample, its tile side."""
     m, _ = manifest_of(url, storage_options)
     if keys:
         width = max(len(sh.name) for sh in m.shards)
         for sh in m.shards:
-            for key, (w, h) in zip(sh.keys, sh.hr_sizes, strict=True):
-                yield f"{sh.name:<{width}}  {key}  {int(w)}x{int(h)}"
+            for i, (key, (w, h)) in enumerate(zip(sh.keys, sh.hr_sizes, strict=True)):
+                t = sh.tiled(i)
+                yield f"{sh.name:<{width}}  {key}  {int(w)}x{int(h)}" + (f"  tiles {t}" if t else "")
         return
     width = max(len("shard"), *(len(sh.name) for sh in m.shards))
     yield f"{'shard':<{width}}  {'samples':>8}  {'bytes':>14}"

@@ -247,6 +247,30 @@ def _skipped_count(build: dict[str, Any]) -> int:
     return count if type(count) is int else len(listed) if type(listed) is list else 0
 
 
+def _tiles_rows(m: mf.Manifest) -> list[tuple[str, str]]:
+    """``tiles`` (how many samples are tiled, with which tile sides), ``regions`` (images split into
+    region samples) and ``dropped`` (``--min-valid``) rows, where the dataset has them."""
+    rows = []
+    sides: dict[int, int] = {}
+    for sh in m.shards:
+        if sh.tiles is not None:
+            for t, n in zip(*np.unique(np.asarray(sh.tiles), return_counts=True), strict=True):
+                sides[int(t)] = sides.get(int(t), 0) + int(n)
+    tiled = sum(n for t, n in sides.items() if t)
+    if tiled:
+        each = ", ".join(f"{n} with {t} px tiles" for t, n in sorted(sides.items()) if t)
+        rest = "" if tiled == m.samples else f"; {m.samples - tiled} whole"
+        rows.append(("tiles", f"{tiled} of {m.samples} samples tiled: {each} (LR tiles: T/s){rest}"))
+    reg = m.build.get("regions")
+    if isinstance(reg, dict):
+        rows.append(
+            ("regions", f"{reg.get('images')} image(s) larger than {reg.get('side')} px split into {reg.get('samples')} samples")
+        )
+    if m.build.get("dropped_count"):
+        rows.append(("dropped", f"{m.build['dropped_count']} under --min-valid {m.build.get('min_valid')} (build.dropped)"))
+    return rows
+
+
 def info_text(url: str, storage_options: dict[str, Any] | None = None) -> str:
     """A short human-readable summary of a shard set."""
     url, name = mf.locate(url)
@@ -272,6 +296,7 @@ def info_text(url: str, storage_options: dict[str, Any] | None = None) -> str:
         ("lr method", m.lr_method),
         ("HR size", f"{lo[0]}x{lo[1]} .. {hi[0]}x{hi[1]}"),
         ("kind", mf.kind_text(m.channels, m.bit_depth) if m.channels and m.bit_depth else "not recorded"),
+        *_tiles_rows(m),
         ("skipped", f"{_skipped_count(m.build)} {'samples or shards' if m.members else 'source files'}"),
     ]
     width = max(len(k) for k, _ in rows)

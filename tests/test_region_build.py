@@ -60,7 +60,7 @@ def _check_crops(whole: dict, regions: dict, scales: tuple[int, ...]) -> int:
 
 
 @pytest.mark.parametrize("scales,tiles", [((2, 4), "off"), ((2, 3, 4), "96")])
-def test_region_samples_are_crops_of_the_whole_image_at_every_border(tmp_path, scales, tiles):
+def test_region_samples_are_crops_of_the_whole_image_at_every_border(capsys, tmp_path, scales, tiles):
     src = tmp_path / "src"
     save(src / "scene.png", mosaic(1201, 1555))  # sides that no scale divides
     save(src / "small.png", mosaic(300, 400))  # no larger than a region: one sample, as before
@@ -80,6 +80,13 @@ def test_region_samples_are_crops_of_the_whole_image_at_every_border(tmp_path, s
     assert m.build["regions"] == {"side": 512, "images": 1, "samples": 12} and m.build["sources"] == 2
     ds = wdsr.SRDataset(str(parts), scale=4, patch_size=96, patches_per_image=4, batch_size=4)
     assert sum(b[0].shape[0] for b in ds) == 4 * 13
+    rc, so, _ = sm(capsys, "info", str(parts))
+    assert rc == 0 and "regions    1 image(s) larger than 512 px split into 12 samples" in so
+    assert ("tiles      13 of 13 samples tiled: 13 with 96 px tiles" in so) == (tiles != "off")
+    rc, so, _ = sm(capsys, "ls", "--keys", str(parts))
+    first = regions["scene_y0000000_x0000000"][0]["hr_size"]
+    line = f"scene_y0000000_x0000000  {first[0]}x{first[1]}"
+    assert f"{line}  tiles 96\n" in so if tiles != "off" else f"{line}\n" in so, so
 
 
 TIFFS = {
@@ -250,3 +257,50 @@ def test_a_20480_square_slide_builds_in_bounded_memory(tmp_path):
         for y, x in ((r["y"], r["x"]), (r["y"] + r["h"] - 1, r["x"] + r["w"] - 1), (r["y"] + 1500, r["x"] + 777)):
             want = tile(y // t, x // t)[y % t, x % t]
             np.testing.assert_array_equal(pix["hr"][y - r["y"], x - r["x"]], want, err_msg=f"{key} at ({x}, {y})")
+
+
+def _digests(ds, workers: int, state: dict | None = None, stop: int | None = None) -> tuple[list[str], dict]:
+    import hashlib
+
+    loader = wdsr.make_loader(ds, num_workers=workers, persistent_workers=False)
+    if state is not None:
+        loader.load_state_dict(state)
+    out: list[str] = []
+    it = iter(loader)
+    try:
+        for lr, hr, keys in it:
+            out.append(hashlib.sha256(lr.numpy().tobytes() + hr.numpy().tobytes() + "".join(keys).encode()).hexdigest()[:16])
+            if stop is not None and len(out) == stop:
+                break
+    finally:
+        it.close()
+    return out, loader.state_dict()
+
+
+def test_tiled_region_samples_keep_ranks_resume_and_elastic_resume(tmp_path):
+    """Region samples stored tiled give the batches the same regions give stored whole, on every rank
+    of a world of 2, resumed mid-epoch, and resumed elastically on a world of 1."""
+    from wdsr.env import World
+
+    src = tmp_path / "src"
+    save(src / "scene.png", mosaic(1100, 1900))
+    save(src / "photo.png", mosaic(500, 700))
+    whole = build_shards(src, tmp_path / "whole", "--region", "512", "--codec", "qoi", "--max-samples", "3")
+    tiled = build_shards(src, tmp_path / "tiled", "--region", "512", "--codec", "qoi", "--max-samples", "3", "--tiles", "128")
+    kw = dict(scale=4, patch_size=64, patches_per_image=5, batch_size=3, shuffle_buffer=12, seed=5, return_keys=True)
+
+    def ds(url, rank, world):
+        return wdsr.SRDataset(str(url), world=World(rank, world), **kw)
+
+    per_rank = []
+    for rank in (0, 1):
+        a, _ = _digests(ds(whole, rank, 2), 2)
+        b, _ = _digests(ds(tiled, rank, 2), 2)
+        assert a == b and len(a) >= 4
+        per_rank.append(len(a))
+        first, state = _digests(ds(tiled, rank, 2), 2, stop=len(a) // 2)
+        rest, _ = _digests(ds(tiled, rank, 2), 2, state=state)
+        assert first + rest == a
+    assert per_rank[0] == per_rank[1]
+    a, b = (_digests(ds(url, 0, 1), 1, state=_digests(ds(url, 0, 2), 1, stop=2)[1])[0] for url in (whole, tiled))
+    assert a == b and a
