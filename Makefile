@@ -11,6 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e '.[dev,demo]'
+	$(PY) -m pip install -q --no-deps --no-build-isolation basicsr==1.4.2   # for tests/test_integrations_basicsr.py; its pins would replace torch
 	touch $@
 
 demo: $(VENV)/.installed

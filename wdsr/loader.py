@@ -153,7 +153,10 @@ class SRLoader(DataLoader):
         return state.save(self.sr_dataset, self.num_workers, position)
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
-        """Continue where ``saved`` (from :meth:`state_dict`) stopped, at the next pass."""
+        """Continue where ``saved`` (from :meth:`state_dict`) stopped, at the next pass; ``{}`` changes
+        nothing (torchdata's ``StatefulDataLoader`` protocol, which Lightning follows)."""
+        if isinstance(saved, dict) and not saved:
+            return
         ds = self.sr_dataset
         self._resume = state.restore(ds, self.num_workers, saved)
         epoch, _, origin = self._resume

@@ -333,11 +333,7 @@ def _build_locked(opts: BuildConfig, out: Output, pairs: list[Pair], skipped_sca
             if isinstance(item, EncodedSample):
                 kind, item = _of_kind(item, todo[index - start - 1].hr, kind, opts)
             if isinstance(item, Skipped):
-                if item.valid is None:
-                    skips.add({}, item.reason, item.path)
-                else:  # --min-valid: flat background left out, not an error
-                    log.debug("dropping %s: %s", item.key, item.reason)
-                skipped.append(item)
+                _left_out(item, skips, skipped)
             else:
                 size = len(item.tar_bytes)
                 if (
@@ -406,6 +402,15 @@ def _replace(opts: BuildConfig, out: Output, staging: str) -> BuildResult:
     outdir.swap_in(out.fs, out.root, staging, doomed, records)
     final = out.path(MANIFEST)
     return dataclasses.replace(res, manifest_path=final, manifest_url=storage.url_of(out.fs, final))
+
+
+def _left_out(item: Skipped, skips: Skips, skipped: list[Skipped]) -> None:
+    """A skipped source (logged, a few per reason) or a sample ``--min-valid`` dropped (not an error)."""
+    if item.valid is None:
+        skips.add({}, item.reason, item.path)
+    else:
+        log.debug("dropping %s: %s", item.key, item.reason)
+    skipped.append(item)
 
 
 def _close(writer: ShardWriter, out: Output, next_sample: int, skipped: list[Skipped]) -> ShardInfo:

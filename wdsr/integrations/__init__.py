@@ -1,3 +1,5 @@
-"""Training frameworks (planned; DESIGN.md section 7): ``wdsr.integrations.basicsr`` (BasicSR's
-``train_pipeline`` with ``datasets.train.type: WdsrDataset``) and ``wdsr.integrations.lightning``
-(``WdsrDataModule``). They sit on top of the face (``wdsr``) as the tools do; nothing lives here yet."""
+"""Training frameworks, on top of the face (``wdsr``) as the tools are (docs/integrations.md):
+``wdsr.integrations.basicsr`` runs BasicSR's own ``train_pipeline`` with ``datasets.train.type:
+WdsrDataset`` (``python -m wdsr.integrations.basicsr -opt train.yml``); ``wdsr.integrations.lightning``
+has ``WdsrDataModule`` and the ``WdsrStats`` callback. Neither framework is a dependency of wdsr:
+each module imports its own (``lightning`` is in the ``dev`` extra; basicsr is installed ``--no-deps``)."""
