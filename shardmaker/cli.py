@@ -13,6 +13,7 @@ from typing import Any
 
 from shardmaker import __version__
 from shardmaker.builder import BuildConfig, build, merge_when_ready
+from shardmaker.builder.clips import DEFAULT_MAX_SPAN, DEFAULT_SEGMENT, ClipOptions
 from shardmaker.builder.regions import DEFAULT_REGION
 from shardmaker.builder.sample import LrMethod, SampleConfig
 from shardmaker.clikit import OneLineParser, configure_logging, parse_args, parse_part, parse_scales, parse_size, storage_error
@@ -118,6 +119,29 @@ def _build_parser(sub: Any) -> None:
         metavar="F",
         help="drop samples (regions, images) whose share of non-flat 64x64 blocks is below F, e.g. 0.2: glass "
         "background of a slide, nodata of a scene; listed in the manifest (build.dropped); default 0: keep all",
+    )
+    b.add_argument(
+        "--clips",
+        action="store_true",
+        help="HR_SRC is a folder of video clips: folders of frames (REDS 000/00000000.png, Vimeo-90K "
+        "00001/0001/im1.png, frame1.png .. frame10.png sorted naturally) and video files (.mp4 .mkv .mov .avi .webm, "
+        "decoded frame-exactly by PyAV); --lr: folders of LR clips at the same relative paths. Samples are clip "
+        "segments (docs/cli.md)",
+    )
+    b.add_argument(
+        "--segment",
+        type=int,
+        default=DEFAULT_SEGMENT,
+        metavar="N",
+        help=f"--clips: at most N frames per sample (default {DEFAULT_SEGMENT}); a clip no longer is one sample",
+    )
+    b.add_argument(
+        "--max-span",
+        type=int,
+        default=DEFAULT_MAX_SPAN,
+        metavar="M",
+        help=f"--clips: the longest window the stream may cut, (T - 1) x interval + 1 frames (default {DEFAULT_MAX_SPAN}); "
+        "segments of longer clips overlap by M - 1 frames so every window lies in one",
     )
     b.add_argument(
         "--png-level",
@@ -400,6 +424,7 @@ def _build(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.quiet,
         strict_resume=args.strict_resume,
+        clips=ClipOptions(args.segment, args.max_span) if args.clips else None,
     )
     res = build(opts)
     rate = res.samples / res.seconds if res.seconds else 0.0

@@ -6,6 +6,7 @@ import dataclasses
 import re
 
 from shardmaker import compat
+from shardmaker.builder.clips import ClipOptions
 from shardmaker.builder.sample import SampleConfig
 from shardmaker.builder.sources import Skipped, lr_name_pattern
 from shardmaker.errors import OnError
@@ -30,6 +31,7 @@ class BuildConfig:
     on_error: OnError = OnError.FAIL
     overwrite: bool = False
     progress: bool = True
+    clips: ClipOptions | None = None  # CLIPS is a folder of clips (frame folders, videos): samples are clip segments
     strict_resume: bool = False  # resume only over sources whose content hash is unchanged (reads them all once)
     skip_errors: dataclasses.InitVar[bool | None] = None  # deprecated: on_error=OnError.SKIP
 

@@ -34,6 +34,7 @@ from tqdm import tqdm
 import shardmaker
 from shardmaker import storage
 from shardmaker.builder import outdir
+from shardmaker.builder.clips import clip_record, scan_clips
 from shardmaker.builder.config import (
     WRITER_REVISION,
     BuildConfig,
@@ -121,6 +122,8 @@ def fingerprint(pairs: list[Pair], opts: BuildConfig) -> str:
         doc["region"] = cfg.region
     if cfg.min_valid:
         doc["min_valid"] = cfg.min_valid
+    if opts.clips is not None:
+        doc["clips"] = [opts.clips.segment, opts.clips.max_span]
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -211,7 +214,9 @@ def _of_kind(
 
 def _regions(opts: BuildConfig, pairs: list[Pair]) -> dict[str, Any]:
     """The build's ``regions`` record: the region side, how many source images were split and into
-    how many region samples (absent when no image is larger than a region)."""
+    how many region samples (absent when no image is larger than a region); or its ``clips`` record."""
+    if opts.clips is not None:
+        return {"clips": clip_record(pairs, opts.clips)}
     split = [p for p in pairs if p.region is not None]
     if not split:
         return {}
@@ -259,14 +264,24 @@ def _manifest(
     )
 
 
+def _scan(opts: BuildConfig) -> tuple[list[Pair], list[Skipped], list[str]]:
+    """The samples to build: clip segments (``--clips``), or image pairs, those larger than a region split."""
+    cfg = opts.sample
+    if opts.clips is not None:
+        if len(_hr_sources(opts)) != 1 or opts.lr_pattern is not None:
+            raise BuildError("--clips takes one folder of clips (and --lr folders of LR clips; no --lr-pattern)")
+        return scan_clips(_hr_sources(opts)[0], opts.lr_srcs, opts.clips, cfg.mod_crop, opts.on_error, cfg.storage_options)
+    pairs, skipped, ignored = scan_sources(
+        _hr_sources(opts), opts.lr_srcs, cfg.mod_crop, opts.on_error, cfg.storage_options, opts.lr_pattern
+    )
+    return split_regions(pairs, cfg.region, None if opts.lr_srcs else cfg.scales), skipped, ignored
+
+
 def build(opts: BuildConfig) -> BuildResult:
     """Run a whole (or part) build; see the module docstring for the crash-safety contract."""
     t0 = time.perf_counter()
     _refuse_out_inside_sources(opts)
-    pairs, skipped_scan, ignored = scan_sources(
-        _hr_sources(opts), opts.lr_srcs, opts.sample.mod_crop, opts.on_error, opts.sample.storage_options, opts.lr_pattern
-    )
-    pairs = split_regions(pairs, opts.sample.region, None if opts.lr_srcs else opts.sample.scales)
+    pairs, skipped_scan, ignored = _scan(opts)
     pairs, bad_keys = _good_keys(pairs, opts.on_error)
     _log_skips(skipped_scan + bad_keys)
     if not pairs and bad_keys:

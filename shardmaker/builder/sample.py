@@ -205,8 +205,14 @@ def _lr_images(pair: Pair, hr: np.ndarray, cfg: SampleConfig) -> dict[int, tuple
             raise InputError(pair.hr, f"{w}x{h} is smaller than the scale {s}")
         if (ch, cw) != (h, w) and not cfg.mod_crop:
             raise InputError(pair.hr, f"{w}x{h} is not a multiple of the scale {s} (allow with --mod-crop)")
-        out[s] = (region_lr(lambda y, x, hh, ww: hr[y : y + hh, x : x + ww], (h, w), Region(0, 0, h, w), s, method), None)
+        out[s] = (whole_lr(hr, s, method), None)
     return out
+
+
+def whole_lr(img: np.ndarray, s: int, method: ResizeMethod) -> np.ndarray:
+    """``downscale(mod_crop(img), s)``, MATLAB-exact, made in row bands (bounded float64 passes)."""
+    h, w = img.shape[:2]
+    return region_lr(lambda y, x, hh, ww: img[y : y + hh, x : x + ww], (h, w), Region(0, 0, h, w), s, method)
 
 
 def tile_side(cfg: SampleConfig, hr_hw: tuple[int, int], scales: Sequence[int]) -> int | None:
@@ -342,6 +348,10 @@ def encode_sample(pair: Pair, cfg: SampleConfig) -> EncodedSample | Skipped:
 def encode_or_skip(pair: Pair, cfg: SampleConfig, on_error: OnError) -> EncodedSample | Skipped:
     """``encode_sample``, turning bad input into a ``Skipped`` record when skipping."""
     try:
+        if pair.clip is not None:
+            from shardmaker.builder.clips import encode_segment
+
+            return encode_segment(pair, cfg)  # type: ignore[no-any-return]
         return encode_sample(pair, cfg)
     except InputError as exc:
         if on_error is not OnError.SKIP:

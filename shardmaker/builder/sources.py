@@ -16,7 +16,7 @@ import posixpath
 import re
 import string
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 from fsspec.core import url_to_fs
@@ -27,6 +27,9 @@ from shardmaker.errors import InputError, OnError
 from shardmaker.format import patterns
 from shardmaker.imaging import codecs
 from shardmaker.imaging.regions import TiffRegions, is_tiff
+
+if TYPE_CHECKING:
+    from shardmaker.builder.clips import ClipPart
 
 log = logging.getLogger(__name__)
 _XSUFFIX = re.compile(r"^(.*?)x(\d+)$")
@@ -69,6 +72,7 @@ class Pair:
     stamps: tuple[str, ...] = ()  # size + modification stamp of HR, then of each LR: an edit changes them
     region: Region | None = None  # a region sample: this part of the source image (hr_size is the region's)
     image_size: tuple[int, int] | None = None  # a region sample's whole source image (w, h)
+    clip: ClipPart | None = None  # a clip segment (shardmaker.builder.clips): hr is the clip folder or video
 
 
 @dataclasses.dataclass(frozen=True)
