@@ -103,6 +103,26 @@ def _build_parser(sub: Any) -> None:
         "over 8 Mpx with the smallest side >= 256 every scale divides (256 for x2/x4, 264 with x3); N: that side "
         "in HR pixels; off (default): whole images",
     )
+    _build_layout_args(b)
+    b.add_argument(
+        "--png-level",
+        type=int,
+        default=1,
+        choices=range(10),
+        metavar="0-9",
+        help="zlib level (default 1: run-length deflate, ~5x faster to encode than level 6)",
+    )
+    b.add_argument(
+        "--shard-size",
+        type=parse_size,
+        default=parse_size("256MB"),
+        help="start a new shard past this size (default 256MB; units kB, MB, GB, KiB, MiB, GiB)",
+    )
+    _build_run_args(b)
+
+
+def _build_layout_args(b: argparse.ArgumentParser) -> None:
+    """What a sample is: a region of a large image (``--region``, ``--min-valid``) or a clip segment (``--clips``)."""
     b.add_argument(
         "--region",
         type=int,
@@ -143,21 +163,6 @@ def _build_parser(sub: Any) -> None:
         help=f"--clips: the longest window the stream may cut, (T - 1) x interval + 1 frames (default {DEFAULT_MAX_SPAN}); "
         "segments of longer clips overlap by M - 1 frames so every window lies in one",
     )
-    b.add_argument(
-        "--png-level",
-        type=int,
-        default=1,
-        choices=range(10),
-        metavar="0-9",
-        help="zlib level (default 1: run-length deflate, ~5x faster to encode than level 6)",
-    )
-    b.add_argument(
-        "--shard-size",
-        type=parse_size,
-        default=parse_size("256MB"),
-        help="start a new shard past this size (default 256MB; units kB, MB, GB, KiB, MiB, GiB)",
-    )
-    _build_run_args(b)
 
 
 def _build_run_args(b: argparse.ArgumentParser) -> None:

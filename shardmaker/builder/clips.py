@@ -29,7 +29,7 @@ import xxhash
 from fsspec.core import url_to_fs
 
 from shardmaker import storage
-from shardmaker.builder.sources import Pair, Skipped, _Collector, _open_root, _stamp, header_size, make_key, scale_of
+from shardmaker.builder.sources import Collector, Pair, Skipped, header_size, make_key, open_root, scale_of, stamp_of
 from shardmaker.errors import InputError, OnError
 from shardmaker.format import tario
 from shardmaker.format.manifest import pair_fits
@@ -123,7 +123,7 @@ class _Clip:
     stamps: list[str]
 
 
-def _list(fs: Any, root: str, out: _Collector) -> tuple[dict[str, list[tuple[str, str]]], dict[str, str], list[str]]:
+def _list(fs: Any, root: str, out: Collector) -> tuple[dict[str, list[tuple[str, str]]], dict[str, str], list[str]]:
     """Frame folders (relative folder -> [(path, stamp)] of its images), videos (relative path -> stamp)
     and the files that are neither (listed, not errors)."""
     folders: dict[str, list[tuple[str, str]]] = {}
@@ -138,15 +138,15 @@ def _list(fs: Any, root: str, out: _Collector) -> tuple[dict[str, list[tuple[str
             continue
         low = base.lower()
         if low.endswith(codecs.SOURCE_EXTENSIONS):
-            folders.setdefault(posixpath.dirname(rel), []).append((path, _stamp(info)))
+            folders.setdefault(posixpath.dirname(rel), []).append((path, stamp_of(info)))
         elif low.endswith(VIDEO_EXTENSIONS):
-            videos[rel] = _stamp(info)
+            videos[rel] = stamp_of(info)
         else:
             ignored.append(storage.url_of(fs, path))
     return folders, videos, ignored
 
 
-def _folder_clip(fs: Any, rel: str, files: list[tuple[str, str]], out: _Collector) -> _Clip | None:
+def _folder_clip(fs: Any, rel: str, files: list[tuple[str, str]], out: Collector) -> _Clip | None:
     files = sorted(files, key=lambda ps: natural_key(posixpath.basename(ps[0])))
     paths = [p for p, _ in files]
     url = storage.url_of(fs, posixpath.dirname(paths[0]))
@@ -255,7 +255,7 @@ def _pixels(frame: Any) -> np.ndarray:
     return np.ascontiguousarray(out)
 
 
-def _video_clip(fs: Any, root: str, rel: str, stamp: str, out: _Collector, options: dict[str, Any] | None) -> _Clip | None:
+def _video_clip(fs: Any, root: str, rel: str, stamp: str, out: Collector, options: dict[str, Any] | None) -> _Clip | None:
     url = storage.url_of(fs, posixpath.join(root, rel))
     try:
         size, pts = video_info(url, options)
@@ -283,8 +283,8 @@ def scan_clips(
     the files that are neither frames nor videos. LR clips (``--lr``) sit at the same relative
     paths under each LR folder, with the same frame names (or as videos of the same name), one
     scale per folder, every frame checked HR = s x LR from its header."""
-    fs, root = _open_root(hr_url, "clips folder", storage_options)
-    out = _Collector(OnError(on_error))
+    fs, root = open_root(hr_url, "clips folder", storage_options)
+    out = Collector(OnError(on_error))
     folders, videos, ignored = _list(fs, root, out)
     clips: list[_Clip] = []
     for rel, files in sorted(folders.items()):
@@ -346,12 +346,12 @@ def _match_lr(
     clips: list[_Clip],
     lr_of: dict[str, list[tuple[int, _Clip]]],
     mod_crop: bool,
-    out: _Collector,
+    out: Collector,
     storage_options: dict[str, Any] | None,
 ) -> None:
     """Each HR clip's LR clip under ``lr_url`` (same relative folder and frame stems, or a video of
     the same relative stem), its scale from the sizes; one scale for the whole folder."""
-    fs, root = _open_root(lr_url, "LR clips folder", storage_options)
+    fs, root = open_root(lr_url, "LR clips folder", storage_options)
     folders, videos, _ = _list(fs, root, out)
     by_stem = {posixpath.splitext(rel)[0]: (rel, st) for rel, st in videos.items()}
     folder_scale: int | None = None
@@ -406,7 +406,7 @@ def encode_segment(pair: Pair, cfg: Any) -> Any:
     """One segment's tar members: ``{key}.json`` then, frame by frame, ``{key}.hr_f{t:04d}.ext`` and
     ``{key}.lr_x{s}_f{t:04d}.ext`` (``tiles`` for frames stored tiled). Frames are read, checked
     (size, kind), their LR made (MATLAB per frame) or read, and encoded one at a time."""
-    from shardmaker.builder.sample import EncodedSample, LrMethod, _describe, _encode, tile_side, whole_lr
+    from shardmaker.builder.sample import EncodedSample, LrMethod, describe_kind, encode_image, tile_side, whole_lr
 
     part = pair.clip
     assert part is not None
@@ -424,15 +424,15 @@ def encode_segment(pair: Pair, cfg: Any) -> Any:
         where = f"{pair.hr} ({part.names[t]})"
         if hr.shape[:2] != (h, w):
             raise InputError(where, f"frame is {hr.shape[1]}x{hr.shape[0]}, the clip's frames {w}x{h}")
-        if kind is not None and _describe(hr) != kind:
-            raise InputError(where, f"frame is {_describe(hr)} (bit depth, channels), the clip's {kind}")
-        kind = _describe(hr)
+        if kind is not None and describe_kind(hr) != kind:
+            raise InputError(where, f"frame is {describe_kind(hr)} (bit depth, channels), the clip's {kind}")
+        kind = describe_kind(hr)
         lrs: dict[int, np.ndarray] = {}
         for s in scales:
             if provided:
                 lr = next(lr_iters[s])
-                if not pair_fits((h, w), lr.shape[:2], s) or _describe(lr) != kind:
-                    raise InputError(where, f"LR frame {lr.shape[1]}x{lr.shape[0]} {_describe(lr)} does not fit at x{s}")
+                if not pair_fits((h, w), lr.shape[:2], s) or describe_kind(lr) != kind:
+                    raise InputError(where, f"LR frame {lr.shape[1]}x{lr.shape[0]} {describe_kind(lr)} does not fit at x{s}")
             else:
                 if (h % s or w % s) and not cfg.mod_crop:
                     raise InputError(pair.hr, f"{w}x{h} frames are not a multiple of the scale {s} (allow with --mod-crop)")
@@ -441,9 +441,9 @@ def encode_segment(pair: Pair, cfg: Any) -> Any:
             lrs[s] = lr
             lr_sizes[s] = (lr.shape[1], lr.shape[0])
         try:
-            members[frame_member("hr", t, ext)] = _encode(hr, cfg, tile)
+            members[frame_member("hr", t, ext)] = encode_image(hr, cfg, tile)
             for s, lr in lrs.items():
-                members[frame_member(f"lr_x{s}", t, ext)] = _encode(lr, cfg, None if tile is None else tile // s)
+                members[frame_member(f"lr_x{s}", t, ext)] = encode_image(lr, cfg, None if tile is None else tile // s)
         except ImageDataError as exc:
             raise InputError(where, str(exc)) from None
     if len(members) != part.count * (1 + len(scales)):
@@ -482,11 +482,11 @@ def encode_segment(pair: Pair, cfg: Any) -> Any:
 def _frames(url: str, frame_urls: Sequence[str], part: ClipPart, cfg: Any) -> Iterator[np.ndarray]:
     """The segment's frames in order: each frame file read and checked as a source image, or the
     video decoded frame-exactly."""
-    from shardmaker.builder.sample import _Image
+    from shardmaker.builder.sample import SourceImage
 
     if frame_urls:
         for f in frame_urls:
-            with _Image(f, cfg) as img:
+            with SourceImage(f, cfg) as img:
                 yield img.whole()
         return
     yield from video_frames(url, part.first, part.count, cfg.storage_options)

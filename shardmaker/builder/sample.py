@@ -92,7 +92,7 @@ class EncodedSample:
     tiles: int = 0  # HR tile side; 0: stored whole
 
 
-class _Image:
+class SourceImage:
     """A source image, read whole or by region. A TIFF is read through ``tifffile``, decoding only the
     segments a region touches (a region sample of a slide never holds the whole image); any other
     format is decoded whole (within ``max_pixels``). A local source must be a regular file
@@ -139,7 +139,7 @@ class _Image:
                     h.close()
         self._tif = self._f = None
 
-    def __enter__(self) -> _Image:
+    def __enter__(self) -> SourceImage:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -173,11 +173,11 @@ class _Image:
 
 
 def _load(url: str, cfg: SampleConfig) -> np.ndarray:
-    with _Image(url, cfg) as img:
+    with SourceImage(url, cfg) as img:
         return img.whole()
 
 
-def _describe(arr: np.ndarray) -> tuple[int, int]:
+def describe_kind(arr: np.ndarray) -> tuple[int, int]:
     return (16 if arr.dtype == np.uint16 else 8), (1 if arr.ndim == 2 else arr.shape[2])
 
 
@@ -191,8 +191,8 @@ def _lr_images(pair: Pair, hr: np.ndarray, cfg: SampleConfig) -> dict[int, tuple
             lh, lw = lr.shape[:2]
             if not pair_fits((h, w), (lh, lw), s) or ((h, w) != (s * lh, s * lw) and not cfg.mod_crop):
                 raise InputError(url, f"LR {lw}x{lh} does not fit HR {w}x{h} at scale {s}")
-            if _describe(lr) != _describe(hr):
-                raise InputError(url, f"LR is {_describe(lr)} (bit depth, channels) but HR is {_describe(hr)}")
+            if describe_kind(lr) != describe_kind(hr):
+                raise InputError(url, f"LR is {describe_kind(lr)} (bit depth, channels) but HR is {describe_kind(hr)}")
             out[s] = (lr, rel)
         return out
     method = cfg.lr_method.resize
@@ -228,12 +228,12 @@ def tile_side(cfg: SampleConfig, hr_hw: tuple[int, int], scales: Sequence[int]) 
     return side
 
 
-def _encode(img: np.ndarray, cfg: SampleConfig, tile: int | None) -> bytes:
+def encode_image(img: np.ndarray, cfg: SampleConfig, tile: int | None) -> bytes:
     return codecs.encode(img, cfg.codec, cfg.png_level) if tile is None else encode_tiled(img, tile, cfg.codec, cfg.png_level)
 
 
 def _region_images(
-    pair: Pair, src: _Image, cfg: SampleConfig
+    pair: Pair, src: SourceImage, cfg: SampleConfig
 ) -> tuple[np.ndarray, dict[int, tuple[np.ndarray, str | None]]] | Skipped:
     """A region sample's HR and LR images, read by region (the whole source is never held): LR made
     MATLAB-exactly from the region and a margin (equal to the crop of the whole image's LR), or the
@@ -249,13 +249,13 @@ def _region_images(
             return dropped
         lrs: dict[int, tuple[np.ndarray, str | None]] = {}
         for s, url, rel in pair.lr:
-            with _Image(url, cfg) as lsrc:
+            with SourceImage(url, cfg) as lsrc:
                 lh, lw = (min(r.y + r.h, s * lsrc.height) - r.y) // s, (min(r.x + r.w, s * lsrc.width) - r.x) // s
                 if not pair_fits((H, W), (lsrc.height, lsrc.width), s) or lh < 1 or lw < 1:
                     raise InputError(url, f"LR {lsrc.width}x{lsrc.height} does not fit HR {W}x{H} at scale {s}")
                 lr = np.ascontiguousarray(lsrc.read(r.y // s, r.x // s, lh, lw))
-            if _describe(lr) != _describe(hr):
-                raise InputError(url, f"LR is {_describe(lr)} (bit depth, channels) but HR is {_describe(hr)}")
+            if describe_kind(lr) != describe_kind(hr):
+                raise InputError(url, f"LR is {describe_kind(lr)} (bit depth, channels) but HR is {describe_kind(hr)}")
             lrs[s] = (lr, rel)
         return hr, lrs
     method = cfg.lr_method.resize
@@ -298,7 +298,7 @@ def encode_sample(pair: Pair, cfg: SampleConfig) -> EncodedSample | Skipped:
     """Build one sample's tar members: ``{key}.json``, ``{key}.hr.ext``, ``{key}.lr_x{s}.ext`` (ext
     ``tiles`` for an image stored tiled: :func:`tile_side`). A region sample (``pair.region``) is
     read by region. A ``Skipped`` with ``valid`` set for a sample under ``--min-valid``."""
-    with _Image(pair.hr, cfg) as src:
+    with SourceImage(pair.hr, cfg) as src:
         if pair.region is None:
             hr = src.whole()
             if (dropped := _dropped(pair, hr, cfg)) is not None:
@@ -314,12 +314,12 @@ def encode_sample(pair: Pair, cfg: SampleConfig) -> EncodedSample | Skipped:
     ext = Codec(cfg.codec).value if tile is None else TILED
     members: dict[str, bytes] = {}
     try:
-        members[hr_member(ext)] = _encode(hr, cfg, tile)
+        members[hr_member(ext)] = encode_image(hr, cfg, tile)
         for s, (lr, _) in lrs.items():
-            members[lr_member(s, ext)] = _encode(lr, cfg, None if tile is None else tile // s)
+            members[lr_member(s, ext)] = encode_image(lr, cfg, None if tile is None else tile // s)
     except ImageDataError as exc:
         raise InputError(pair.hr, str(exc)) from None
-    bit_depth, channels = _describe(hr)
+    bit_depth, channels = describe_kind(hr)
     meta: dict[str, Any] = {
         "key": pair.key,
         "source": pair.hr_rel,

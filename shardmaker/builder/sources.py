@@ -111,7 +111,7 @@ def make_key(rel_path: str) -> str:
     return stem.replace(".", "_")
 
 
-def _stamp(info: dict[str, Any]) -> str:
+def stamp_of(info: dict[str, Any]) -> str:
     """What changes when a file is edited in place: size + mtime_ns locally, size + ETag/mtime elsewhere."""
     name = info.get("name", "")
     if isinstance(name, str) and info.get("type") == "file" and "mtime" in info and "ETag" not in info:
@@ -154,7 +154,7 @@ def _list_images(
         if info.get("type") != "file":
             log.warning("skipping %s: not a regular file (%s)", path, info.get("type"))
             continue
-        found[path] = _stamp(info)
+        found[path] = stamp_of(info)
     return found
 
 
@@ -215,7 +215,7 @@ def _raise(path: str, reason: str) -> None:
     raise InputError(path, reason)
 
 
-def _open_root(url: str, what: str, storage_options: dict[str, Any] | None) -> tuple[fsspec.AbstractFileSystem, str]:
+def open_root(url: str, what: str, storage_options: dict[str, Any] | None) -> tuple[fsspec.AbstractFileSystem, str]:
     fs, root = storage.open_dir(url, storage_options)
     if not fs.exists(root):
         raise InputError(url, f"{what} does not exist")
@@ -264,7 +264,7 @@ def scale_of(hr_size: tuple[int, int], lr_size: tuple[int, int], mod_crop: bool)
     return s
 
 
-class _Collector:
+class Collector:
     """Raise on the first problem, or record it and go on (``--on-error skip``)."""
 
     def __init__(self, on_error: OnError) -> None:
@@ -296,9 +296,9 @@ def scan(
     lr_urls = list(lr_urls)
     if lr_pattern is not None:
         lr_name_pattern(lr_pattern)  # a bad pattern fails before any folder is read
-    fs, hr_root = _open_root(hr_url, "HR source folder", storage_options)
-    lr_roots = [_open_root(u, "LR source folder", storage_options) for u in lr_urls]
-    out = _Collector(OnError(on_error))
+    fs, hr_root = open_root(hr_url, "HR source folder", storage_options)
+    lr_roots = [open_root(u, "LR source folder", storage_options) for u in lr_urls]
+    out = Collector(OnError(on_error))
     hr_stamps = _list_images(fs, hr_root, [r for f2, r in lr_roots if f2 is fs], out.problem, out.ignored)
     if only is not None:
         missing = sorted(only - set(hr_stamps))
@@ -350,7 +350,7 @@ class _HrImages:
     lr_of: dict[str, list[tuple[int, str, str]]]
 
 
-def _hr_images(hr_url: str, fs: Any, hr_root: str, paths: list[str], key_prefix: str, out: _Collector) -> _HrImages:
+def _hr_images(hr_url: str, fs: Any, hr_root: str, paths: list[str], key_prefix: str, out: Collector) -> _HrImages:
     by_key: dict[str, str] = {}
     hr_rel: dict[str, str] = {}
     for path in paths:
@@ -395,7 +395,7 @@ def _match_lr_folder(
     hr: _HrImages,
     stamps: dict[str, str],
     mod_crop: bool,
-    out: _Collector,
+    out: Collector,
     lr_pattern: str | None = None,
 ) -> None:
     """Pair the LR images of one ``--lr`` folder with the HR images (one scale per folder)."""
