@@ -137,10 +137,7 @@ def test_hostile_tiled_members_are_sample_errors(sources, tmp_path, case, messag
         list(d)
     assert first_key in str(exc.value)
     skip = wdsr.SRDataset(str(ds), scale=4, patch_size=96, patches_per_image=2, batch_size=2, on_error="skip")
-    if case == "digest":  # a local tiled member's tiles are digest-checked as they are read: past the skip policy
-        with pytest.raises(wdsr.SampleError, match="xxh3_64"):
-            list(skip)
-        return
+    # the digest case fails as the patches are cut (a local member's tiles are checked as they are read): skipped too
     assert len(list(skip)) > 0 and skip.stats.totals()["skipped"] >= 1
 
 
@@ -164,3 +161,44 @@ def test_a_local_tiled_sample_reads_only_the_tiles_its_patches_touch(sources, tm
     cached = list(wdsr.SRDataset(str(ds), **kw, cache_dir=str(tmp_path / "cache")))  # through the shard cache
     for a, b, c in zip(batches["tiled"], batches["whole"], cached, strict=True):
         assert all(torch.equal(u, v) and torch.equal(v, w) for u, v, w in zip(a, b, c, strict=True))
+
+
+def test_a_corrupt_tile_found_while_cutting_skips_its_sample_whole_and_resumes(sources, tmp_path, caplog):
+    """A tile that fails its digest as the patches read it (a local member's tiles are checked as
+    they are read): under ``fail`` the error names shard, key, member and tile; under ``skip`` the
+    sample is skipped whole (none of its patches, counted and logged once), every batch still
+    comes, and a resume anywhere gives the rest of the same stream."""
+    ds = _built(sources, tmp_path / "t", "--tiles", "96")
+    key = fmt.load(str(ds)).shards[0].keys[1]
+
+    def edit(name: str, data: bytes) -> bytes:
+        if name != f"{key}.hr.tiles":
+            return data
+        h = fmt.tiles.parse_header(data)
+        buf = bytearray(data)
+        for off in np.frombuffer(data[32 : h.data_start], dtype=fmt.tiles.INDEX_DTYPE)["offset"]:
+            buf[int(off) + 30] ^= 0x5A  # past the tile's own header: only its digest tells
+        return bytes(buf)
+
+    _tamper(ds, edit)
+    kw = dict(scale=4, patch_size=96, patches_per_image=3, batch_size=2, shuffle_buffer=4, return_keys=True)
+    with pytest.raises(wdsr.SampleError) as exc:
+        list(wdsr.SRDataset(str(ds), **kw))
+    assert all(w in str(exc.value) for w in ("shard-000000.tar", repr(key), "hr.tiles", "tile ", "xxh3_64")), str(exc.value)
+    skip = wdsr.SRDataset(str(ds), on_error="skip", **kw)
+    loader = wdsr.make_loader(skip, num_workers=0)
+    with caplog.at_level("WARNING", logger="wdsr"):
+        full = [(lr.clone(), hr.clone(), keys) for lr, hr, keys in loader]
+    assert len(full) == len(loader) > 2 and skip.stats.totals()["skipped"] == 1
+    assert all(key not in keys for *_, keys in full)
+    assert len([r for r in caplog.records if "skipping" in r.getMessage() and key in r.getMessage()]) == 1
+    for n in (1, len(full) // 2):
+        again = wdsr.make_loader(skip, num_workers=0)
+        again.load_state_dict({**again.state_dict(), "epoch": 0, "batches": n})
+        rest = list(again)
+        assert len(rest) == len(full) - n
+        assert all(
+            torch.equal(a, c) and torch.equal(b, d) and k == m for (a, b, k), (c, d, m) in zip(rest, full[n:], strict=True)
+        )
+    two = wdsr.make_loader(wdsr.SRDataset(str(ds), on_error="skip", **kw), num_workers=2)
+    assert len(list(two)) == len(two)

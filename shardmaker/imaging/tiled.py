@@ -32,7 +32,10 @@ def encode_tiled(img: np.ndarray, tile: int, codec: Codec | str = Codec.QOI, png
 
 
 class RangeReader(Protocol):
-    """A tiled member read by range (a local shard's file, an object store): only what is asked for."""
+    """A tiled member read by range (a local shard's file, an object store): only what is asked for.
+
+    A reader whose reads are requests (an object store) may also have ``prefetch(spans)``: told the
+    ``(offset, length)`` spans about to be read, it fetches them at once (:meth:`TiledImage.prefetch`)."""
 
     def __len__(self) -> int: ...
 
@@ -64,7 +67,9 @@ class TiledImage:
     new array. ``shape_hw`` views only the top-left part (an HR cropped to ``scale x LR``).
 
     Every tile's bytes are checked (range; digest when ``verify``) and its own header against its
-    box before it is decoded (:mod:`shardmaker.format.tiles`)."""
+    box before it is decoded (:mod:`shardmaker.format.tiles`). A member that can ``prefetch`` is
+    told the tiles a region needs before they are read, and :meth:`prefetch` tells it those of many
+    regions at once (a sample's patches)."""
 
     def __init__(
         self,
@@ -82,6 +87,7 @@ class TiledImage:
         self.shape: tuple[int, ...] = (hh, ww) if h.channels == 1 else (hh, ww, h.channels)
         self.dtype = np.dtype(np.uint8 if h.bit_depth == 8 else np.uint16)
         self._tiles: dict[int, np.ndarray] = {}
+        self._prefetch = getattr(member, "prefetch", None)
 
     @property
     def ndim(self) -> int:
@@ -122,11 +128,27 @@ class TiledImage:
             raise tl.TileFormatError(f"decoded to {got.shape} {got.dtype}, the grid says {th}x{tw} {self.dtype}", i)
         return got
 
+    def prefetch(self, boxes: list[tuple[int, int, int, int]]) -> None:
+        """The regions ``(y, x, h, w)`` about to be sliced: a member that can ``prefetch`` starts
+        fetching the tiles they touch that are not decoded yet, all at once; others ignore it."""
+        if self._prefetch is None:
+            return
+        h, want = self.header, set[int]()
+        for y, x, bh, bw in boxes:
+            want.update(i for i in h.touched(y, x, bh, bw) if i not in self._tiles)
+        spans = []
+        for i in sorted(want):
+            off, n, _, _ = self._index.item(i)
+            spans.append((off, n))
+        if spans:
+            self._prefetch(spans)
+
     def region(self, y: int, x: int, height: int, width: int) -> np.ndarray:
         if not (0 <= y and 0 <= x and height > 0 and width > 0 and y + height <= self.shape[0] and x + width <= self.shape[1]):
             raise ValueError(f"region {width}x{height} at ({x}, {y}) is not inside the {self.shape[1]}x{self.shape[0]} image")
         out = np.empty((height, width, *self.shape[2:]), dtype=self.dtype)
         h = self.header
+        self.prefetch([(y, x, height, width)])  # a whole image (val) too: its tiles in a few requests
         for i in h.touched(y, x, height, width):
             pix = self.tile(i)
             ty, tx, th, tw = h.box(i)

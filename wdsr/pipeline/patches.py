@@ -15,6 +15,7 @@ import numpy as np
 from shardmaker import compat
 from wdsr import seeds
 from wdsr.errors import SampleError
+from wdsr.pipeline import tiled
 from wdsr.pipeline.augment import N_DIHEDRAL, chw_shape, patch_source, write_chw
 from wdsr.pipeline.decode import DecodedPair
 from wdsr.seeds import patch_base as draw_base  # the stream of one sample's patches in one epoch
@@ -161,12 +162,16 @@ def cut(pair: DecodedPair, spec: PatchConfig, base: np.uint64, j: int, first: np
 
 def cut_patches(pair: DecodedPair, spec: PatchConfig, seed: int, epoch: int, first: int, count: int) -> tuple[list[Patch], int]:
     """Patches ``first .. first+count-1`` of this pair (j is offset by the plan's wrap count)."""
+    if hasattr(pair, "cut_windows"):  # a clip segment (wdsr.pipeline.clips): windows of frames, drawn alike
+        return pair.cut_windows(spec, draw_base(seed, epoch, pair.key), first, count)  # type: ignore[no-any-return]
     out, rejected = [], 0
     base = draw_base(seed, epoch, pair.key)
     p = spec.patch_size // spec.scale
     lh, lw = pair.lr_hw
     js = np.arange(first, first + count)
     firsts = draws(base, js, 0, (max(1, lh - p + 1), max(1, lw - p + 1), N_DIHEDRAL if spec.augment else 1))
+    if pair.tiled:  # a remote tiled pair fetches the tiles of all these patches at once (their first tries)
+        tiled.prefetch_patches(pair, [(y, x) for y, x, _ in firsts.tolist()], p, spec.scale)
     if spec.min_patch_std is not None or lh < p or lw < p:
         for n, j in enumerate(range(first, first + count)):
             patch, r = cut(pair, spec, base, j, firsts[n])

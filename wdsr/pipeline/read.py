@@ -3,6 +3,9 @@
 One read per sample (``offsets[i]`` .. ``offsets[i+1]``), members parsed with our small tar
 reader and grouped by key; only the members asked for are kept. Local shards are read in place;
 remote ones with resilient range requests (read ahead by a thread) or from a node-local cache.
+Tiled members are read by range: in place (local), or for a remote tiled sample over
+``ReadConfig.ranged_tiles_over`` bytes, its tar headers, json and tile indexes now and the tiles
+as the patches ask for them (``remote.RemoteRange``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,8 @@ from wdsr.store.remote import Retry
 _INHERITED: list[Any] = []
 _FILL_CHUNK = 32 << 20  # bytes per range read when filling the cache
 _VIEW_MIN = 1 << 20  # reads at least this large come back as views (members: images); smaller as bytes
+_HEAD_READ = 64 << 10  # a remote tiled sample's tar walk reads this much at a time: a header, its json, a tile index
+_TILE_THREADS = 4  # concurrent range requests for the tiles of one sample's patches
 
 
 @dataclasses.dataclass
@@ -44,7 +49,7 @@ class RawSample:
     key: str
     index: int  # sample index inside the shard
     rep: int  # wrap-around count from the plan (0 = first pass)
-    members: dict[str, Any]  # suffix ("json", "hr.png", ...) -> bytes or a view; a local tiled member: FileMember
+    members: dict[str, Any]  # suffix ("json", "hr.png", ...) -> bytes or a view; a tiled member: FileMember, RangePart or bytes
     nbytes: int
     read_ns: int
     hr_size: tuple[int, int] | None = None  # (w, h) the manifest promises for HR
@@ -66,11 +71,15 @@ class ReadConfig:
     cache_dir: str | None = None  # node-local shard cache for remote datasets
     cache_limit: int | None = None  # bytes; least recently used shards are evicted beyond it
     block_size: int = 16 << 20  # Fetch.FSSPEC block size
+    # a remote tiled sample over this many bytes is read by the tiles its patches touch (None: whole, always)
+    ranged_tiles_over: int | None = 4 << 20
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fetch", Fetch(self.fetch))
         if self.read_ahead < 0:
             raise ValueError(f"read_ahead must be >= 0, got {self.read_ahead}")
+        if self.ranged_tiles_over is not None and self.ranged_tiles_over < 0:
+            raise ValueError(f"ranged_tiles_over must be >= 0 or None, got {self.ranged_tiles_over}")
 
 
 class ShardReader:
@@ -94,6 +103,7 @@ class ShardReader:
         self._root = ""
         self._pid = 0
         self._pool: ThreadPoolExecutor | None = None
+        self._tile_pool: ThreadPoolExecutor | None = None
         self._lock: threading.Lock | None = None
 
     def __repr__(self) -> str:  # storage_options may hold secrets: never shown
@@ -103,6 +113,7 @@ class ShardReader:
         state = dict(self.__dict__)
         state["_fs"] = None  # filesystems (and their event loops) are not shared across processes
         state["_pool"] = None
+        state["_tile_pool"] = None
         state["_lock"] = None
         return state
 
@@ -111,7 +122,7 @@ class ShardReader:
             if self._fs is not None:
                 _INHERITED.append(self._fs)  # a parent's filesystem: never closed here (its loop is not ours)
             self._pid = os.getpid()
-            self._pool = None  # threads do not survive a fork
+            self._pool = self._tile_pool = None  # threads do not survive a fork
             self.counts = Counter()  # counted by the parent, reported by the parent
             self._lock = threading.Lock()
             s3 = fsspec.utils.get_protocol(self.url) in ("s3", "s3a")  # one try per layer below our retries
@@ -228,8 +239,10 @@ class ShardReader:
     def _range_span(self, rf: remote.RemoteFile, info: ShardInfo, span: Span, wanted: frozenset[str]) -> Iterator[RawSample]:
         """One range read per sample; ``read_ahead`` samples are on their way while one is decoded."""
 
-        def fetch(i: int) -> tuple[list[tuple[int, bytearray]], int]:
+        def fetch(i: int) -> tuple[list[tuple[int, bytearray]] | RawSample, int]:
             t0 = time.perf_counter_ns()
+            if self._by_tiles(info, i):
+                return self._ranged_sample(rf, info, span, i, wanted), 0
             return [(a, rf.read(a, b)) for a, b in _reads(info, i, wanted)], time.perf_counter_ns() - t0
 
         ahead = self.options.read_ahead
@@ -249,13 +262,57 @@ class ShardReader:
                     data, ns = pending.popleft().result() if ahead else fetch(i)
                 except remote.ReadFailed as exc:
                     raise SampleError(rf.url, None, f"{exc.reason} (sample {info.keys[i]!r})") from None
-                chunks = [(a, _View(d), len(d), 0) for a, d in data]
-                raw = _raw_sample(info, span, i, chunks, wanted, time.perf_counter_ns(), ns)
+                if isinstance(data, RawSample):
+                    raw = data
+                else:
+                    chunks = [(a, _View(d), len(d), 0) for a, d in data]
+                    raw = _raw_sample(info, span, i, chunks, wanted, time.perf_counter_ns(), ns)
                 yield raw
                 del data, raw
         finally:
             for fut in pending:
                 fut.cancel()
+
+    def _by_tiles(self, info: ShardInfo, i: int) -> bool:
+        """Is remote sample ``i`` read by range (tiled, and over ``ranged_tiles_over`` bytes)?"""
+        over = self.options.ranged_tiles_over
+        if over is None or info.members is not None or not info.tiled(i):
+            return False
+        ((a, b),) = _reads(info, i, frozenset())
+        return b - a > over
+
+    def _ranged_sample(self, rf: remote.RemoteFile, info: ShardInfo, span: Span, i: int, wanted: frozenset[str]) -> RawSample:
+        """Remote sample ``i`` with its tiled members as :class:`remote.RangePart`: its tar headers,
+        json and the tiles' headers and indexes read now (a few requests of ``_HEAD_READ``), the tiles
+        as they are asked for (``prefetch``: concurrently, on a pool of this worker's)."""
+        t0 = time.perf_counter_ns()
+        if self._tile_pool is None:
+            self._tile_pool = ThreadPoolExecutor(_TILE_THREADS, thread_name_prefix="wdsr-tiles")
+        ((a, b),) = _reads(info, i, wanted)
+        whole = remote.RemoteRange(rf, a, b - a, self._tile_pool)
+        members = _members(_RangeFile(whole), b - a, info.name, info.keys[i], wanted, lambda at: whole.part(at.offset, at.size))
+        head_bytes, _ = whole.take()  # what was read now; the tiles' bytes are counted as the patches read them
+        hr = (int(info.hr_sizes[i][0]), int(info.hr_sizes[i][1]))
+        return RawSample(info.name, info.keys[i], i, span.rep, members, head_bytes, time.perf_counter_ns() - t0, hr)
+
+
+class _RangeFile:
+    """A file over a :class:`remote.RemoteRange` for the tar walk through one sample: each read that
+    misses what was fetched fetches ``_HEAD_READ`` bytes (a tar header, the json, a tile index)."""
+
+    def __init__(self, whole: remote.RemoteRange) -> None:
+        self._whole, self._pos = whole, 0
+
+    def read(self, n: int = -1) -> bytes:
+        n = len(self._whole) - self._pos if n < 0 else max(0, min(n, len(self._whole) - self._pos))
+        out = self._whole.read(self._pos, n, _HEAD_READ)
+        self._pos += n
+        return out
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = 0 if whence == io.SEEK_SET else self._pos if whence == io.SEEK_CUR else len(self._whole)
+        self._pos = base + offset
+        return self._pos
 
 
 def _open_shard(fs: Any, path: str, info: ShardInfo) -> Any:
@@ -288,7 +345,8 @@ def _raw_sample(
     if info.members is None:
         _, f, length, at = chunks[0]
         f.seek(at)
-        members = _members(f, length, info.name, key, wanted, at if ranged else None)
+        part = (lambda m: FileMember(f, at + m.offset, m.size)) if ranged else None
+        members = _members(f, length, info.name, key, wanted, part)
     else:
         members = _indexed_members(chunks, info, i, wanted)
         digests = {name: int(info.members[name].xxh3_64[i]) for name in members}
@@ -298,7 +356,7 @@ def _raw_sample(
         i,
         span.rep,
         members,
-        sum(len(v) for v in members.values() if not isinstance(v, FileMember)),  # ranged members: read as asked
+        sum(len(v) for v in members.values() if not isinstance(v, FileMember)),  # ranged members: counted as read
         read_ns + time.perf_counter_ns() - t0,
         (int(info.hr_sizes[i][0]), int(info.hr_sizes[i][1])),
         digests,
@@ -373,12 +431,14 @@ class _View:
 class FileMember:
     """A tiled member of a local shard, read by range as its tiles are asked for (``os.pread`` on a
     descriptor of its own, closed with the object): a patch reads the tiles it touches, not the
-    whole image. Not for pickling: it lives in the worker that read it."""
+    whole image. ``take`` hands over the bytes read since the last one. Not for pickling: it lives
+    in the worker that read it."""
 
     def __init__(self, f: Any, offset: int, size: int) -> None:
         self._fd = os.dup(f.fileno())
         self._close = weakref.finalize(self, os.close, self._fd)
         self.offset, self.size = offset, size
+        self._read = 0
 
     def __len__(self) -> int:
         return self.size
@@ -386,23 +446,31 @@ class FileMember:
     def read(self, offset: int, n: int) -> bytes:
         if not (0 <= offset and 0 <= n and offset + n <= self.size):
             raise OSError(f"{n} bytes at {offset} are outside the member's {self.size}")
-        return os.pread(self._fd, n, self.offset + offset)
+        out = os.pread(self._fd, n, self.offset + offset)
+        self._read += len(out)
+        return out
+
+    def take(self) -> tuple[int, int]:
+        out, self._read = self._read, 0
+        return out, 0  # page-cache reads: their time is the decode's
 
 
-def _members(f: Any, length: int, shard: str, key: str, wanted: frozenset[str], ranged_at: int | None = None) -> dict[str, Any]:
+def _members(
+    f: Any, length: int, shard: str, key: str, wanted: frozenset[str], part: Callable[[fmt.MemberAt], Any] | None = None
+) -> dict[str, Any]:
     """The wanted members of the sample that starts at ``f``'s position and spans ``length`` bytes;
-    with ``ranged_at`` (where that position is in a local file), tiled members as :class:`FileMember`."""
+    with ``part``, tiled members are left unread and given as ``part(where they are)`` (read by range)."""
     out: dict[str, Any] = {}
-    ranged = None if ranged_at is None else (lambda ext: ext.endswith("." + fmt.TILED))
+    ranged = None if part is None else (lambda ext: ext.endswith("." + fmt.TILED))
     try:
         for found, _, members in fmt.iter_samples(f, limit=length, want=wanted.__contains__, ranged=ranged):
             if found != key:
                 raise SampleError(shard, key, f"found sample {found!r} where the manifest puts sample {key!r}")
             out = members
-            if ranged_at is not None:
+            if part is not None:
                 for ext, data in out.items():
                     if isinstance(data, fmt.MemberAt):
-                        out[ext] = FileMember(f, ranged_at + data.offset, data.size)
+                        out[ext] = part(data)
     except fmt.TarFormatError as exc:
         raise SampleError(shard, key, f"bad tar data ({exc})") from None
     return out

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 from shardmaker.errors import OnError
 from wdsr.errors import SampleError
+from wdsr.pipeline import tiled
 from wdsr.pipeline.decode import DecodedPair
 from wdsr.pipeline.patches import Patch, PatchConfig, cut_patches
 from wdsr.pipeline.plan import SampleRef, Span, TrainPlan
@@ -62,17 +63,30 @@ class TrainStream:
         return out
 
     def _usable(self, item: DecodedPair | None, count: bool = True) -> DecodedPair | None:
-        """The pair if patches can be cut from it; a pair too small for one patch is a bad sample."""
+        """The pair if patches can be cut from it; a pair too small for one patch is a bad sample,
+        and so is a tiled pair a tile of whose own ``k`` patches (all of them, wherever the stream
+        starts: a pure function of the data) fails its checks as it is decoded, or a clip segment a
+        frame of whose ``k`` windows does."""
         if item is None:
             return None
         p = self.spec.patch_size // self.spec.scale
         lh, lw = item.lr_hw
+        err = None
         if lh < p or lw < p:
             err = SampleError(item.shard, item.key, f"LR {lw}x{lh} is smaller than the LR patch {p}x{p}")
-            if count or self.src.errors.on_error is OnError.FAIL:
-                self.src.errors(self.worker, err)
-            return None
-        return item
+        elif item.tiled or hasattr(item, "cut_windows"):  # decodes (and keeps) the tiles or frames its patches or
+            # windows touch, so a bad one is found here, where the policy decides; the cut then only copies
+            t0 = time.perf_counter_ns()
+            try:
+                cut_patches(item, self.spec, self.seed, self.epoch, item.rep * self.k, self.k)
+            except SampleError as exc:
+                err = exc
+            self.src.stats.add(self.worker, patch_ns=time.perf_counter_ns() - t0, **tiled.take_reads(item))
+        if err is None:
+            return item
+        if count or self.src.errors.on_error is OnError.FAIL:
+            self.src.errors(self.worker, err)
+        return None
 
     def _one(self, i: int, count: bool = False) -> DecodedPair | None:
         """Slot sample ``i`` alone (a look-ahead or a resume): counted as a skip only when ``count``."""
@@ -96,7 +110,8 @@ class TrainStream:
                 run = 0
             else:
                 run += 1
-        self.src.stats.add(self.worker, patches=len(out), rejected=rejected, patch_ns=time.perf_counter_ns() - t0)
+        reads = tiled.take_reads(pair)  # a tiled pair's tiles are read as its patches are cut
+        self.src.stats.add(self.worker, patches=len(out), rejected=rejected, patch_ns=time.perf_counter_ns() - t0, **reads)
         return out
 
     def _own(self, pair: DecodedPair, i: int, js: list[int]) -> list[Patch]:

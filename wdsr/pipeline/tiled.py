@@ -6,6 +6,10 @@ Patch positions are the same function of (seed, epoch, key, j) as for whole imag
 are the same, so a dataset stored tiled gives the batches it gives untiled, byte for byte. Digests:
 ``verify="xxh3_64"`` checks each tile's xxh3_64 from the member's index as the tile is decoded;
 ``"sha256"`` checks the whole members against ``{key}.json`` first (reading every byte, as asked).
+
+Members come in memory, read by range from a local file (``read.FileMember``) or from an object
+store (``remote.RangePart``: each read a request, so its tiles are fetched as the patch stage
+announces them, :func:`prefetch_patches`, and every tile is checked as it arrives, not up front).
 """
 
 from __future__ import annotations
@@ -71,6 +75,8 @@ def tiled_pair(raw: RawSample, meta: dict[str, Any], scale: int, verify: Verify,
     for name, (h, index) in zip(names, layouts, strict=True):
         member: Any = raw.members[name]
         in_memory = isinstance(member, (bytes, bytearray, memoryview))
+        if _requested(member):
+            continue  # a request per read: every tile is checked as it arrives, before its decode
         try:  # every tile's header (~1 us; read by range: its first bytes alone) before any decode; in memory
             for i in range(h.count):  # also its digest (read by range: as each tile is read, before its decode)
                 if in_memory:
@@ -88,17 +94,23 @@ def tiled_pair(raw: RawSample, meta: dict[str, Any], scale: int, verify: Verify,
 
 
 class _Tiles(TiledImage):
-    """A sample's tiled member whose tile errors name shard, key, member and tile. In memory (S3, the
-    shard cache) its tiles were checked when the sample was read, so only data that passes those
-    checks and still does not decode (crafted, or ``verify="none"``) fails here; in a local shard,
-    read by range, each tile is checked as it is read. Either way the failure comes as the patches
-    are cut: even under ``on_error="skip"`` it ends the pass with this SampleError."""
+    """A sample's tiled member whose tile errors name shard, key, member and tile. In memory (a
+    small remote sample) its tiles were checked when the sample was read, so only data that passes
+    those checks and still does not decode (crafted, or ``verify="none"``) fails here; read by range
+    (a local shard, the shard cache, a large remote sample), each tile is checked as it is read.
+    Either way the failure comes as the patches are cut, and the stream puts it to ``on_error``
+    (``TrainStream._usable``: the whole sample is skipped, or the error raised)."""
 
     def __init__(self, raw: RawSample, name: str, layout: Any, shape_hw: tuple[int, int] | None, verify: bool) -> None:
         member = raw.members[name]
         # in memory, every tile was checked already; read by range, each is checked (digest too) as it is read
         super().__init__(member, layout, shape_hw, verify and not isinstance(member, (bytes, bytearray, memoryview)))
         self._where = (raw.shard, raw.key, name)
+
+    def take_reads(self) -> tuple[int, int]:
+        """Bytes read for this member's tiles (and ns waited for them) since the last call."""
+        take = getattr(self._member, "take", None)
+        return take() if take is not None else (0, 0)
 
     def tile(self, i: int) -> Any:
         try:
@@ -108,9 +120,36 @@ class _Tiles(TiledImage):
             raise SampleError(shard, key, f"{name}: {exc}") from None
 
 
+def prefetch_patches(pair: DecodedPair, yx: list[tuple[int, int]], p: int, scale: int) -> None:
+    """Tell a tiled pair the LR patches (side ``p``, top-left ``yx``) about to be cut, and their HR:
+    a member read by request fetches all their tiles at once (merged, concurrently)."""
+    lh, lw = pair.lr_hw
+    if not pair.tiled or lh < p or lw < p:
+        return
+    s = scale
+    pair.lr.prefetch([(y, x, p, p) for y, x in yx])  # type: ignore[attr-defined]
+    pair.hr.prefetch([(s * y, s * x, s * p, s * p) for y, x in yx])  # type: ignore[attr-defined]
+
+
+def take_reads(pair: DecodedPair) -> dict[str, int]:
+    """The stats of the tile reads of a tiled pair since the last call: ``bytes_read``, ``read_ns``."""
+    if not pair.tiled:
+        return {}
+    images: tuple[Any, ...] = (pair.hr, pair.lr)
+    got = [img.take_reads() for img in images if isinstance(img, _Tiles)]
+    return {"bytes_read": sum(b for b, _ in got), "read_ns": sum(ns for _, ns in got)}
+
+
+def _requested(member: Any) -> bool:
+    """A member whose every read is a request to an object store (it can be told what to fetch)."""
+    return hasattr(member, "prefetch")
+
+
 def _sha256(member: Any) -> str:
     if isinstance(member, (bytes, bytearray, memoryview)):
         return hashlib.sha256(member).hexdigest()
+    if _requested(member):
+        member.prefetch([(0, len(member))])  # read whole (kept: the tiles are read from it after)
     h = hashlib.sha256()
     for at in range(0, len(member), 1 << 22):
         h.update(member.read(at, min(1 << 22, len(member) - at)))

@@ -340,3 +340,100 @@ def _http_range_into(url: str, buf: bytearray, start: int, got: list[int], timeo
     except BaseException:
         _drop_connection(conn)
         raise
+
+
+# ---- one sample of a shard, read by the pieces asked for -----------------------------------------
+_MERGE_GAP = 64 << 10  # spans this close are fetched in one request (the bytes between are read and kept)
+_MAX_REQUEST = 8 << 20  # a merged request grows no larger (a whole member comes as several, concurrently)
+
+
+class RemoteRange:
+    """Bytes ``[start, start + size)`` of a :class:`RemoteFile` (a sample of a shard), read by the
+    pieces asked for, each fetched once and kept for the object's life.
+
+    ``read`` serves bytes fetched already (waiting for a prefetch under way), else fetches them (at
+    least ``at_least`` bytes: a walk through tar headers). ``prefetch`` fetches many spans at once:
+    near ones merged into one request, the requests run on ``pool`` (concurrently) while the caller
+    goes on. Every request is a :meth:`RemoteFile.read`: retries and resumes as any. ``take`` hands
+    over the bytes fetched and the time spent waiting for them since the last ``take``."""
+
+    def __init__(self, rf: RemoteFile, start: int, size: int, pool: Any = None) -> None:
+        self.rf, self.start, self.size, self._pool = rf, start, size, pool
+        self._pieces: list[tuple[int, int, Any]] = []  # (first, end, bytearray or a Future of one), relative
+        self._lock = threading.Lock()
+        self._fetched = self._wait_ns = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def part(self, offset: int, size: int) -> RangePart:
+        """The member at ``offset`` (``size`` bytes) as a reader of its own offsets."""
+        return RangePart(self, offset, size)
+
+    def take(self) -> tuple[int, int]:
+        with self._lock:
+            out = (self._fetched, self._wait_ns)
+            self._fetched = self._wait_ns = 0
+        return out
+
+    def read(self, offset: int, n: int, at_least: int = 0) -> bytes:
+        if not (0 <= offset and 0 <= n and offset + n <= self.size):
+            raise ValueError(f"{n} bytes at {offset} are outside the range's {self.size}")
+        t0 = time.perf_counter_ns()
+        for a, b, got in self._pieces:
+            if a <= offset and offset + n <= b:
+                data = got if isinstance(got, bytearray) else got.result()  # a prefetch's ReadFailed is raised here
+                break
+        else:
+            a = offset
+            data = self._fetch(a, min(self.size, max(offset + n, offset + at_least)))
+            self._pieces.append((a, a + len(data), data))
+        with self._lock:
+            self._wait_ns += time.perf_counter_ns() - t0
+        return bytes(data[offset - a : offset - a + n])
+
+    def prefetch(self, spans: list[tuple[int, int]]) -> None:
+        """Start fetching the ``(offset, length)`` spans not fetched (or under way) already."""
+        todo = sorted((a, a + n) for a, n in spans if n > 0 and not self._covered(a, a + n))
+        merged: list[list[int]] = []
+        for a, b in todo:
+            if merged and a <= merged[-1][1] + _MERGE_GAP and b - merged[-1][0] <= _MAX_REQUEST:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        for a, b in merged:
+            for lo in range(a, b, _MAX_REQUEST):  # one span larger than a request: in several
+                hi = min(b, lo + _MAX_REQUEST)
+                got = self._pool.submit(self._fetch, lo, hi) if self._pool is not None else self._fetch(lo, hi)
+                self._pieces.append((lo, hi, got))
+
+    def _covered(self, a: int, b: int) -> bool:
+        return any(x <= a and b <= y for x, y, _ in self._pieces)
+
+    def _fetch(self, a: int, b: int) -> bytearray:
+        data = self.rf.read(self.start + a, self.start + b)
+        with self._lock:
+            self._fetched += len(data)
+        return data
+
+
+class RangePart:
+    """One member inside a :class:`RemoteRange`: ``read(offset, n)`` and ``prefetch`` in the member's
+    own offsets (the ``RangeReader`` of ``shardmaker.imaging.tiled``); a failed read is a ReadFailed."""
+
+    def __init__(self, whole: RemoteRange, offset: int, size: int) -> None:
+        self.whole, self.offset, self.size = whole, offset, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read(self, offset: int, n: int) -> bytes:
+        if not (0 <= offset and 0 <= n and offset + n <= self.size):
+            raise OSError(f"{n} bytes at {offset} are outside the member's {self.size}")
+        return self.whole.read(self.offset + offset, n)
+
+    def prefetch(self, spans: list[tuple[int, int]]) -> None:
+        self.whole.prefetch([(self.offset + a, n) for a, n in spans])
+
+    def take(self) -> tuple[int, int]:
+        return self.whole.take()
