@@ -12,11 +12,13 @@ from wdsr.config import DatasetConfig, Split
 from wdsr.dataset import SRDataset, ValSample
 from wdsr.errors import SampleError
 from wdsr.loader import SRLoader, make_loader, to_float
+from wdsr.pipeline.clips import ClipConfig
 from wdsr.pipeline.tiles import stitch
 from wdsr.state import LoaderStateError, WorldChanged
 from wdsr.store.remote import ReadFailed, Retry
 
 __all__ = [
+    "ClipConfig",
     "DatasetConfig",
     "LoaderStateError",
     "OnError",

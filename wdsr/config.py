@@ -11,6 +11,7 @@ from typing import Any
 
 from shardmaker import format as fmt
 from shardmaker.errors import OnError, brief
+from wdsr.pipeline.clips import ClipConfig
 from wdsr.pipeline.decode import Verify
 from wdsr.pipeline.epoch import StreamConfig
 from wdsr.pipeline.patches import PatchConfig
@@ -83,6 +84,8 @@ def _check_types(c: DatasetConfig) -> None:
             raise ValueError(f"{name} must be a folder path of at most {MAX_PATH_CHARS} characters, got {brief(value)}")
     if not isinstance(c.retry, Retry):
         raise ValueError(f"retry must be a wdsr.Retry, got {brief(c.retry)}")
+    if c.clip is not None and not isinstance(c.clip, ClipConfig):
+        raise ValueError(f"clip must be a wdsr.ClipConfig, got {brief(c.clip)}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -116,6 +119,8 @@ class DatasetConfig:
     # node-wide decoded pairs (wdsr.store.decoded): e.g. /dev/shm/wdsr; the limit in bytes (None: all)
     decoded_cache: str | None = None
     decoded_cache_limit: int | None = None
+    # video clips (shardmaker build --clips): windows of frames instead of patches of images
+    clip: ClipConfig | None = None
 
     def __post_init__(self) -> None:
         for name, kind in (("split", Split), ("on_error", OnError), ("verify", Verify), ("fetch", Fetch)):

@@ -28,7 +28,7 @@ from shardmaker.errors import OnError, brief
 from wdsr import env
 from wdsr.config import DatasetConfig, Split
 from wdsr.pipeline.batch import collate
-from wdsr.pipeline.decode import Kind, Verify
+from wdsr.pipeline.decode import Kind, Verify, is_clip_dataset
 from wdsr.pipeline.elastic import ElasticPlan, elastic_plan
 from wdsr.pipeline.epoch import Slot, elastic_pass, train_pass
 from wdsr.pipeline.handoff import BatchPool
@@ -114,11 +114,11 @@ class SRDataset(IterableDataset):
                     "(shardmaker index) records xxh3_64: use verify='xxh3_64'"
                 )
             self._check_patches_fit(folder, m)
+            self._check_clips(folder, m)
             reader = ShardReader(folder, m, storage_options, self.config.read_config())
             cache = self._decoded_cache(m, parts)
-            sources.append(
-                Source(reader, self.config.scale, self.config.verify, self.config.max_pixels, self.stats, errors, cache, kind)
-            )
+            c = self.config
+            sources.append(Source(reader, c.scale, c.verify, c.max_pixels, self.stats, errors, cache, kind, c.clip))
         self.url = parts[0][0]  # the (first) dataset folder
         self.reader = sources[0].reader
         self.manifest, self._source, self.mix = _combine(parts, sources, weights, epoch_samples)
@@ -145,6 +145,21 @@ class SRDataset(IterableDataset):
                 f"{folder}: {what}; lower patch_size" + ("" if bad == total else ", or skip them with on_error='skip'")
             )
         log.warning("%s: %s; they are skipped (on_error='skip')", folder, what)
+
+    def _check_clips(self, folder: str, m: fmt.Manifest) -> None:
+        """A clip dataset streams windows (``clip=``), an image dataset patches; one stream is one of the two."""
+        c = self.config
+        if is_clip_dataset(m) and c.clip is None:
+            raise ValueError(
+                f"{folder}: a clip dataset (shardmaker build --clips): stream windows of frames with "
+                "clip=wdsr.ClipConfig(frames=T) (a mix holds clip datasets only, or image datasets only)"
+            )
+        if c.clip is not None and not is_clip_dataset(m):
+            raise ValueError(f"{folder}: clip= streams clip datasets (shardmaker build --clips); this one holds images")
+        if c.clip is not None and c.split is not Split.TRAIN:
+            raise ValueError(
+                f"{folder}: split='val' of clip datasets is not there yet (issue 27); validate clips with your own loop"
+            )
 
     def _decoded_cache(self, m: fmt.Manifest, parts: list[tuple[str, fmt.Manifest]]) -> DecodedCache | None:
         """This dataset's part of the node-wide decoded cache; in a mix, each source gets the share

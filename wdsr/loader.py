@@ -265,6 +265,9 @@ def _batch_bytes(ds: SRDataset) -> int:
     o = ds.config
     per_pixel = int(meta.get("channels", 3)) * (2 if int(meta.get("bit_depth", 8)) == 16 else 1)
     p = o.patch_size // o.scale
+    if o.clip is not None:  # windows: T LR frames, and T HR frames (recurrent) or the centre one
+        hr_frames = 1 if o.clip.window == "center" else o.clip.frames
+        return o.batch_size * per_pixel * (o.clip.frames * p * p + hr_frames * o.patch_size * o.patch_size)
     return o.batch_size * per_pixel * (p * p + o.patch_size * o.patch_size)
 
 

@@ -25,7 +25,7 @@ from shardmaker import imaging
 from shardmaker.format import JSON_MEMBER, TILED, Manifest, hr_member, lr_member, pair_fits
 from shardmaker.imaging import ImageDataError
 from wdsr.errors import SampleError
-from wdsr.pipeline import tiled
+from wdsr.pipeline import clips, tiled
 from wdsr.pipeline.read import RawSample
 
 
@@ -64,12 +64,35 @@ def _hwc(a: np.ndarray) -> np.ndarray:
     return a[0] if a.shape[0] == 1 else a.transpose(1, 2, 0)
 
 
+class _ClipMembers(frozenset):
+    """The members of a clip sample that are read: json, and every frame's HR and x``scale`` LR."""
+
+    scale = 0
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and clips.wanted(name, self.scale)
+
+
+def clip_members(scale: int) -> frozenset[str]:
+    got = _ClipMembers()
+    got.scale = scale
+    return got
+
+
 def wanted_members(m: Manifest, scale: int) -> frozenset[str]:
-    """The members a sample is read with: HR, the x``scale`` LR and (our shards) ``{key}.json``."""
+    """The members a sample is read with: HR, the x``scale`` LR and (our shards) ``{key}.json``; of a
+    clip dataset's sample, every frame's."""
+    if is_clip_dataset(m):
+        return clip_members(scale)
     hr, lr = m.member_names(scale)
     if m.members is not None:
         return frozenset({hr, lr})
     return frozenset({JSON_MEMBER, hr, lr, hr_member(TILED), lr_member(scale, TILED)})  # either kind of sample
+
+
+def is_clip_dataset(m: Manifest) -> bool:
+    """Built with ``shardmaker build --clips``: its samples are clip segments."""
+    return m.members is None and isinstance(m.build.get("clips"), dict)
 
 
 class Verify(str, enum.Enum):
@@ -220,6 +243,7 @@ def decode_pair(
     verify: Verify = Verify.XXH3,
     max_pixels: int = fmt.DEFAULT_MAX_PIXELS,
     kind: Kind | None = None,
+    clip: clips.ClipConfig | None = None,
 ) -> DecodedPair:
     """Check headers (sizes against the manifest, scale, ``max_pixels``, channels and depth against
     ``kind``) and digests, then decode the members ``names`` (HR, LR); every failure is a SampleError
@@ -241,6 +265,19 @@ def decode_pair(
             raise fail("json member is not valid JSON") from None
         if type(meta) is not dict:
             raise fail("json member is not a JSON object")
+    if raw.digests is None and clips.is_clip(raw.members):
+        if clip is None:
+            raise fail("a clip sample (frames hr_f0000 ...): stream clip datasets with clip=wdsr.ClipConfig(frames=T)")
+
+        def frame(sub: RawSample, frame_names: tuple[str, str]) -> DecodedPair:  # checked by check() first
+            return decode_pair(sub, frame_names, scale, verify if tiled.is_tiled(sub) else Verify.NONE, max_pixels, kind)
+
+        def check(sub: RawSample, frame_names: tuple[str, str]) -> None:  # before any frame is decoded
+            if not tiled.is_tiled(sub):  # a tiled frame's checks are its layout's and each tile's, as it is read
+                check_headers(sub.shard, sub.key, sub.members, frame_names, scale, max_pixels, sub.hr_size, kind)
+                check_digests(sub.shard, sub.key, sub.members, json.loads(sub.members["json"]), frame_names, Verify(verify))
+
+        return clips.decode_clip(raw, meta, scale, clip, frame, check)  # type: ignore[return-value]
     if tiled.is_tiled(raw):
         return tiled.tiled_pair(raw, meta, scale, Verify(verify), kind)
     for name in (hr_name, lr_name):

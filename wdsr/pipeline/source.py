@@ -9,6 +9,7 @@ from collections.abc import Generator, Iterable
 
 from shardmaker.errors import OnError
 from wdsr.errors import SampleError
+from wdsr.pipeline.clips import ClipConfig
 from wdsr.pipeline.decode import DecodedPair, Kind, Verify, decode_pair, wanted_members
 from wdsr.pipeline.plan import Span
 from wdsr.pipeline.read import ShardReader
@@ -47,6 +48,7 @@ class Source:
     errors: ErrorPolicy
     cache: DecodedCache | None = None  # node-wide decoded pairs (wdsr.store.decoded)
     kind: Kind | None = None  # what every sample decodes to (one object for all sources of a mix)
+    clip: ClipConfig | None = None  # a clip dataset's windows (its samples are clip segments)
 
     def shard_name(self, index: int) -> str:
         return self.reader.manifest.shards[index].name
@@ -101,7 +103,7 @@ class Source:
                     pos = raw.index + 1
                     self.stats.add(worker, samples=1, bytes_read=raw.nbytes, read_ns=raw.read_ns, **self.reader.take_counts())
                     try:
-                        pair = decode_pair(raw, names, self.scale, self.verify, self.max_pixels, self.kind)
+                        pair = decode_pair(raw, names, self.scale, self.verify, self.max_pixels, self.kind, self.clip)
                     except SampleError as exc:
                         if count:
                             self.errors(worker, exc)
@@ -110,7 +112,8 @@ class Source:
                         yield None
                         continue
                     self.stats.add(worker, decode_ns=pair.decode_ns, verify_ns=pair.verify_ns)
-                    cache = None if pair.tiled else self.cache  # a tiled pair is decoded tile by tile: not kept
+                    # a tiled pair is decoded tile by tile, a clip frame by frame: neither is kept
+                    cache = None if pair.tiled or not getattr(pair, "cacheable", True) else self.cache
                     if cache is not None and cache.store(pair.key, pair.hr, pair.lr, *self._cache_kind()):
                         self.stats.add(worker, decoded_stores=1)
                     yield pair

@@ -1,0 +1,346 @@
+"""Video clips: windows of T frames cut from clip segments (``shardmaker build --clips``), k windows
+per decoded segment, each with one crop and one dihedral transform shared by all its frames.
+
+Windows, as BasicSR and mmagic draw them (so published EDVR / BasicVSR training is reproduced):
+
+* ``window="recurrent"`` (BasicVSR, BasicVSR++, VRT; BasicSR's ``REDSRecurrentDataset``, mmagic's
+  ``GenerateSegmentIndices``): ``interval`` uniform over the list, then the start ``s`` uniform over
+  the starts with ``s + T * interval <= L`` (their formula: the window's frames are ``s, s + interval,
+  .. s + (T - 1) * interval``); batches ``lr [B, T, C, h, w]``, ``hr [B, T, C, H, W]``.
+* ``window="center"`` (EDVR; BasicSR's ``REDSDataset``, mmagic's ``GenerateFrameIndices``): ``interval``
+  uniform, then the centre ``c`` uniform over the frames whose window ``c - h * interval .. c + h *
+  interval`` (``h = T // 2``, T odd) lies in the clip; ``hr [B, C, H, W]`` is the centre frame.
+
+Then, with probability ``reverse``, the frames in reverse order (BasicSR's Vimeo ``random_reverse``).
+Every draw is a counter hash of (seed, epoch, key, j) (:func:`wdsr.pipeline.patches.draws`), never a
+global RNG. A segment only draws windows whose start it owns (the ranges partition the clip's
+starts), so each window of the clip is drawn from exactly one sample.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from shardmaker import format as fmt
+from shardmaker.errors import brief
+from wdsr.errors import SampleError
+from wdsr.pipeline.augment import N_DIHEDRAL, chw_shape, patch_source, write_chw
+
+FRAME = re.compile(r"^(hr|lr_x(\d{1,2}))_f(\d{4})\.([a-z]{3,5})$")
+MAX_FRAMES = 1000  # frames of one segment (shardmaker.builder.clips.MAX_SEGMENT)
+_U = 1 << 31  # resolution of the uniform draws of start, interval and reverse
+
+
+@dataclasses.dataclass(frozen=True)
+class ClipConfig:
+    """Windows of ``frames`` frames from clip datasets (``SRDataset(url, clip=wdsr.ClipConfig(...))``).
+
+    ``interval``: frame steps, one drawn per window; ``window``: ``"recurrent"`` (all T frames' HR) or
+    ``"center"`` (the centre frame's HR; T odd); ``reverse``: probability of reversing a window's
+    frames. Validation: ``val_frames`` frames per chunk of a clip (``split="val"``), ``val_padding``
+    how centre windows are padded at clip ends."""
+
+    frames: int = 7
+    interval: tuple[int, ...] = (1,)
+    window: str = "recurrent"
+    reverse: float = 0.0
+    val_frames: int = 32
+    val_padding: str = "reflection_circle"
+
+    def __post_init__(self) -> None:
+        iv = tuple(self.interval) if isinstance(self.interval, (list, tuple)) else (self.interval,)
+        object.__setattr__(self, "interval", iv)
+        if type(self.frames) is not int or not 1 <= self.frames <= MAX_FRAMES:
+            raise ValueError(f"clip frames must be an integer in [1, {MAX_FRAMES}], got {self.frames!r}")
+        if not iv or len(iv) > 64 or any(type(i) is not int or not 1 <= i <= MAX_FRAMES for i in iv):
+            raise ValueError(f"clip interval must be a list of 1..64 integers in [1, {MAX_FRAMES}], got {self.interval!r}")
+        if self.window not in ("recurrent", "center"):
+            raise ValueError(f"clip window must be 'recurrent' or 'center', got {self.window!r}")
+        if self.window == "center" and self.frames % 2 == 0:
+            raise ValueError(f"a center window needs an odd number of frames, got {self.frames}")
+        if not (isinstance(self.reverse, (int, float)) and 0.0 <= self.reverse <= 1.0):
+            raise ValueError(f"clip reverse must be a probability in [0, 1], got {self.reverse!r}")
+        if type(self.val_frames) is not int or not 1 <= self.val_frames <= MAX_FRAMES:
+            raise ValueError(f"clip val_frames must be an integer in [1, {MAX_FRAMES}], got {self.val_frames!r}")
+        if self.val_padding not in ("replicate", "reflection", "reflection_circle", "circle"):
+            raise ValueError(
+                f"clip val_padding must be replicate, reflection, reflection_circle or circle, got {self.val_padding!r}"
+            )
+
+    def reach(self, interval: int) -> int:
+        """Frames a window of ``interval`` needs from its first frame: ``T * interval`` for recurrent
+        windows (BasicSR's and mmagic's ``s + T * interval <= L``), ``(T - 1) * interval + 1`` for centre ones."""
+        return self.frames * interval if self.window == "recurrent" else (self.frames - 1) * interval + 1
+
+    @property
+    def span(self) -> int:
+        """The most frames any window covers, first to last: what ``--max-span`` must hold."""
+        return (self.frames - 1) * max(self.interval) + 1
+
+
+@dataclasses.dataclass
+class Segment:
+    """A clip sample as ``{key}.json`` describes it, checked."""
+
+    clip: str
+    clip_frames: int
+    first: int
+    frames: int
+    owned: tuple[int, int]
+    ext: str
+
+
+def is_clip(raw_members: Any) -> bool:
+    return "hr_f0000.png" in raw_members or "hr_f0000.qoi" in raw_members or "hr_f0000.tiles" in raw_members
+
+
+def wanted(name: str, scale: int) -> bool:
+    """A clip sample's member is read: its json, and the HR and x``scale`` LR of every frame."""
+    if name == fmt.JSON_MEMBER:
+        return True
+    m = FRAME.match(name)
+    return m is not None and (m.group(1) == "hr" or m.group(2) == str(scale))
+
+
+def segment_of(shard: str, key: str, meta: dict[str, Any], members: Any, scale: int) -> Segment:
+    """The segment's fields from its json, every one bounded and consistent with its members."""
+
+    def fail(reason: str) -> SampleError:
+        return SampleError(shard, key, reason)
+
+    def field(name: str, lo: int, hi: int) -> int:
+        v = meta.get(name)
+        if type(v) is not int or not lo <= v <= hi:
+            raise fail(f"{key}.json: {name} must be an integer in [{lo}, {hi}], got {brief(v)}")
+        return v
+
+    clip = meta.get("clip")
+    if not isinstance(clip, str) or not clip or len(clip) > 512:
+        raise fail(f"{key}.json: clip must be the clip's key, got {brief(clip)}")
+    length = field("clip_frames", 1, 1 << 22)
+    frames = field("frames", 1, min(MAX_FRAMES, length))
+    first = field("first_frame", 0, length - frames)
+    owned = meta.get("owned")
+    if not (type(owned) is list and len(owned) == 2 and all(type(o) is int for o in owned)):
+        raise fail(f"{key}.json: owned must be [first, stop) window starts, got {brief(owned)}")
+    a, b = owned
+    if not first <= a < b <= first + frames:
+        raise fail(f"{key}.json: owned starts [{a}, {b}) are not inside its frames [{first}, {first + frames})")
+    ext = next((e for e in ("png", "qoi", "tiles") if f"hr_f0000.{e}" in members), None)
+    if ext is None:
+        raise fail("no hr_f0000 member: not a clip sample")
+    for t in range(frames):
+        for name in (f"hr_f{t:04d}.{ext}", f"lr_x{scale}_f{t:04d}.{ext}"):
+            if name not in members:
+                raise fail(f"no {name} member (frame {t} of {frames}; scales {meta.get('scales')!r})")
+    return Segment(clip, length, first, frames, (a, b), ext)
+
+
+class DecodedClip:
+    """A clip segment whose frames are decoded as windows ask for them, each frame once: HR and LR
+    (H x W [x C] arrays, HR cropped to exactly scale x LR), every frame checked as an image sample
+    is (headers against the manifest's size and the kind, digests) before its decode."""
+
+    tiled = False
+    chw = False
+    cacheable = False  # never kept in the decoded cache (its frames are decoded one by one)
+
+    def __init__(self, raw: Any, meta: dict[str, Any], seg: Segment, scale: int, cc: ClipConfig, decode_frame: Any) -> None:
+        self.shard, self.key, self.rep = raw.shard, raw.key, raw.rep
+        self.seg, self.scale, self.cc, self._raw, self._meta = seg, scale, cc, raw, meta
+        self._decode_frame = decode_frame  # (raw, names, meta) -> DecodedPair of one frame
+        self._frames: dict[int, tuple[Any, Any]] = {}
+        self.decode_ns = self.verify_ns = 0
+        w, h = raw.hr_size or meta.get("hr_size") or (0, 0)
+        self.lr_hw = (int(h) // scale, int(w) // scale)
+
+    def cut_windows(self, spec: Any, base: np.uint64, first: int, count: int) -> tuple[list[Window], int]:
+        """What ``cut_patches`` cuts from an image pair, for this segment: its windows ``first ..``."""
+        return cut_windows(self, spec, self.cc, base, first, count)
+
+    def frame(self, t: int) -> tuple[Any, Any]:
+        """(HR, LR) of segment frame ``t``."""
+        got = self._frames.get(t)
+        if got is None:
+            got = self._frames[t] = self._decode(t)
+        return got
+
+    def sub_sample(self, t: int) -> tuple[Any, tuple[str, str], tuple[str, str]]:
+        """Frame ``t`` as an image sample (``hr.ext``, ``lr_x{s}.ext`` and a json of their digests), the
+        names it has there, and its members' names in the segment."""
+        ext, s = self.seg.ext, self.scale
+        real = (f"hr_f{t:04d}.{ext}", f"lr_x{s}_f{t:04d}.{ext}")
+        one, two = fmt.hr_member(ext), fmt.lr_member(s, ext)
+        digests = {
+            d: {one: (self._meta.get(d) or {}).get(real[0]), two: (self._meta.get(d) or {}).get(real[1])}
+            for d in ("sha256", "xxh3_64")
+        }
+        members = {fmt.JSON_MEMBER: json.dumps({**digests, "scales": self._meta.get("scales")}).encode()}
+        members |= {one: self._raw.members[real[0]], two: self._raw.members[real[1]]}
+        return dataclasses.replace(self._raw, members=members), (one, two), real
+
+    def failed(self, t: int, exc: SampleError, names: tuple[str, str], real: tuple[str, str]) -> SampleError:
+        reason = exc.reason.replace(names[0], real[0]).replace(names[1], real[1])
+        return SampleError(self.shard, self.key, f"frame {t}: {reason}")
+
+    def check(self, check_frame: Any) -> None:
+        """Every frame's headers and digests, before any is decoded."""
+        for t in range(self.seg.frames):
+            sub, names, real = self.sub_sample(t)
+            try:
+                check_frame(sub, names)
+            except SampleError as exc:
+                raise self.failed(t, exc, names, real) from None
+
+    def _decode(self, t: int) -> tuple[Any, Any]:
+        sub, names, real = self.sub_sample(t)
+        try:
+            pair = self._decode_frame(sub, names)
+        except SampleError as exc:
+            raise self.failed(t, exc, names, real) from None
+        self.decode_ns += pair.decode_ns
+        self.verify_ns += pair.verify_ns
+        if pair.lr_hw != self.lr_hw:
+            raise SampleError(self.shard, self.key, f"frame {t}: LR {pair.lr_hw[1]}x{pair.lr_hw[0]}, frame 0's differs")
+        return pair.hr, pair.lr
+
+
+class Window:
+    """One window between its cut and its batch: per frame, the HR and LR crops, and the transform
+    they share. ``write`` lays it out (T x) C x H x W into a batch's rows, as ``Patch.write`` does."""
+
+    __slots__ = ("_lr", "_hr", "t", "key", "j", "frames", "center")
+    planar = False  # crops copied out of decoded frames (never views of the decoded cache)
+
+    def __init__(
+        self, lr: list[np.ndarray], hr: list[np.ndarray], t: int, key: str, j: int, frames: list[int], center: bool
+    ) -> None:
+        self._lr, self._hr, self.t, self.key, self.j, self.frames, self.center = lr, hr, t, key, j, frames, center
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._hr[0].dtype
+
+    @property
+    def lr_shape(self) -> tuple[int, ...]:
+        return (len(self._lr), *chw_shape(self._lr[0], self.t))
+
+    @property
+    def hr_shape(self) -> tuple[int, ...]:
+        one = chw_shape(self._hr[0], self.t)
+        return one if self.center else (len(self._hr), *one)
+
+    def write(self, lr_out: np.ndarray, hr_out: np.ndarray) -> None:
+        if lr_out.size != int(np.prod(self.lr_shape)) or hr_out.size != int(np.prod(self.hr_shape)) or self.dtype != hr_out.dtype:
+            raise ValueError(f"windows of one batch differ: {self.lr_shape}/{self.hr_shape} after {lr_out.shape}/{hr_out.shape}")
+        lr_out = lr_out.reshape(self.lr_shape)
+        for i, a in enumerate(self._lr):
+            write_chw(a, self.t, False, lr_out[i])
+        if self.center:
+            write_chw(self._hr[0], self.t, False, hr_out.reshape(self.hr_shape))
+        else:
+            hr_out = hr_out.reshape(self.hr_shape)
+            for i, a in enumerate(self._hr):
+                write_chw(a, self.t, False, hr_out[i])
+
+    @property
+    def lr(self) -> np.ndarray:
+        out = np.empty(self.lr_shape, dtype=self.dtype)
+        hr = np.empty(self.hr_shape, dtype=self.dtype)
+        self.write(out, hr)
+        return out
+
+    @property
+    def hr(self) -> np.ndarray:
+        lr = np.empty(self.lr_shape, dtype=self.dtype)
+        out = np.empty(self.hr_shape, dtype=self.dtype)
+        self.write(lr, out)
+        return out
+
+
+def window_draws(
+    base: np.uint64, js: np.ndarray, cc: ClipConfig, seg: Segment, lr_hw: tuple[int, int], p: int, augment: bool
+) -> list[tuple[list[int], int, int, int]]:
+    """Per window ``j``: its frames (clip indices, in the order given), LR crop (y, x) and transform."""
+    from wdsr.pipeline.patches import draws
+
+    lh, lw = lr_hw
+    crops = draws(base, js, 0, (lh - p + 1, lw - p + 1, N_DIHEDRAL if augment else 1))
+    picks = draws(base, js, 1, (len(cc.interval), _U, _U))
+    out = []
+    a, b = seg.owned
+    for (y, x, t), (iv_i, u_start, u_rev) in zip(crops.tolist(), picks.tolist(), strict=True):
+        iv = cc.interval[iv_i]
+        stop = min(b, seg.clip_frames - cc.reach(iv) + 1)  # owned starts whose window fits the clip
+        n = stop - a
+        if n < 1:
+            return []
+        start = a + (u_start * n >> 31)
+        frames = [start + i * iv for i in range(cc.frames)]
+        if u_rev < int(cc.reverse * _U):
+            frames.reverse()
+        out.append((frames, y, x, t))
+    return out
+
+
+def cut_windows(
+    clip: DecodedClip, spec: Any, cc: ClipConfig, base: np.uint64, first: int, count: int
+) -> tuple[list[Window], int]:
+    """Windows ``first .. first + count - 1`` of a decoded segment (their frames decoded as needed)."""
+    from wdsr.pipeline.patches import PatchConfig
+
+    assert isinstance(spec, PatchConfig)
+    s, p = spec.scale, spec.patch_size // spec.scale
+    seg = clip.seg
+    lh, lw = clip.lr_hw
+    if lh < p or lw < p:
+        raise SampleError(clip.shard, clip.key, f"LR {lw}x{lh} is smaller than the LR patch {p}x{p}")
+    plan = window_draws(base, np.arange(first, first + count), cc, seg, clip.lr_hw, p, spec.augment)
+    if not plan:
+        raise SampleError(
+            clip.shard, clip.key, f"no window of {cc.frames} frames starts in this segment (a clip of {seg.clip_frames} frames)"
+        )
+    out = []
+    center = cc.window == "center"
+    for j, (frames, y, x, t) in zip(range(first, first + count), plan, strict=True):
+        lo, hi = min(frames), max(frames)
+        if lo < seg.first or hi >= seg.first + seg.frames:
+            raise SampleError(
+                clip.shard,
+                clip.key,
+                f"a window of frames {lo}..{hi} does not lie in this segment (frames {seg.first}..{seg.first + seg.frames - 1}): "
+                f"windows spanning {cc.span} frames need a dataset built with --max-span {cc.span} or more",
+            )
+        lrs, hrs = [], []
+        for f in frames:
+            hr, lr = clip.frame(f - seg.first)
+            lrs.append(patch_source(lr[y : y + p, x : x + p], t))
+            if not center:
+                hrs.append(patch_source(hr[s * y : s * (y + p), s * x : s * (x + p)], t))
+        if center:
+            hr, _ = clip.frame(frames[len(frames) // 2] - seg.first)
+            hrs.append(patch_source(hr[s * y : s * (y + p), s * x : s * (x + p)], t))
+        out.append(Window(lrs, hrs, t, clip.key, j, frames, center))
+    return out, 0
+
+
+def decode_clip(raw: Any, meta: dict[str, Any], scale: int, cc: ClipConfig, decode_frame: Any, check_frame: Any) -> DecodedClip:
+    """The segment checked from its json and members, every frame's headers and digests (xxh3 of a
+    REDS segment: a few ms); its frames are decoded as windows need them."""
+    t0 = time.perf_counter_ns()
+    seg = segment_of(raw.shard, raw.key, meta, raw.members, scale)
+    out = DecodedClip(raw, meta, seg, scale, cc, decode_frame)
+    out.check(check_frame)
+    out.verify_ns = time.perf_counter_ns() - t0
+    return out
+
+
+def frames_of(windows: Sequence[Window]) -> list[list[int]]:
+    return [w.frames for w in windows]
