@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from shardmaker import __version__, storage
 from shardmaker.errors import OnError, ShardmakerError, brief
-from shardmaker.format import headers, patterns, tario
+from shardmaker.format import colindex, headers, patterns, tario
 from shardmaker.format import manifest as mf
 
 log = logging.getLogger("shardmaker")
@@ -331,6 +331,7 @@ def index(spec: str | Sequence[str], out: str | None, cfg: IndexConfig) -> Index
     )
     data = m.dumps()
     m = mf.parse(data, out)  # the file as readers will see it: checked against the schema before it is written
+    storage.write_atomic(fs, colindex.index_path(target), colindex.encode(m, data))  # first: the manifest commits
     storage.write_atomic(fs, target, data)
     if cfg.wids:
         write_wids(fs, root, out_name, shards)

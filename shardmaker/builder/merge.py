@@ -9,6 +9,7 @@ from typing import Any
 
 from shardmaker import storage
 from shardmaker.errors import BuildError
+from shardmaker.format.colindex import write_manifest
 from shardmaker.format.manifest import MANIFEST, Dropped, Manifest, ManifestError, Skips, kind_text, shard_path
 from shardmaker.format.manifest import parse as parse_manifest
 
@@ -99,5 +100,5 @@ def merge(out_url: str, storage_options: dict[str, Any] | None = None) -> Manife
         dropped.extend(pm.build)
     build_info = dict(first.build, part=None, parts=total, **skips.to_build(), **dropped.to_build())
     merged = Manifest(first.codec, first.scales, first.lr_method, shards, build_info, channels=channels, bit_depth=bit_depth)
-    storage.write_atomic(fs, storage.join(root, MANIFEST), merged.dumps())
+    write_manifest(fs, storage.join(root, MANIFEST), merged)  # and its column index
     return merged

@@ -27,6 +27,7 @@ import fsspec
 
 from shardmaker import storage
 from shardmaker.errors import BuildError
+from shardmaker.format.colindex import write_manifest
 from shardmaker.format.manifest import MANIFEST, ManifestError, ShardInfo, parse
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ def swap_in(fs: fsspec.AbstractFileSystem, root: str, staging: str, old_names: s
         if fs.exists(src):
             storage.discard(fs, dst)
             fs.mv(src, dst)
-    storage.write_atomic(fs, storage.join(root, MANIFEST), new.dumps())
+    write_manifest(fs, storage.join(root, MANIFEST), new)  # and its column index, before it
     for leftover in fs.ls(staging, detail=False):
         storage.discard(fs, leftover)
     with contextlib.suppress(OSError, FileNotFoundError):

@@ -47,6 +47,7 @@ from shardmaker.builder.sources import Pair, Skipped, scan_sources, split_region
 from shardmaker.builder.writer import ShardWriter
 from shardmaker.errors import BuildError, InputError, OnError, brief
 from shardmaker.format import tario
+from shardmaker.format.colindex import write_manifest
 from shardmaker.format.manifest import (
     FORMAT,
     MANIFEST,
@@ -387,7 +388,7 @@ def _build_locked(opts: BuildConfig, out: Output, pairs: list[Pair], skipped_sca
     skipped_all = scan_skips + skipped
     manifest = _manifest(opts, fp, shards, skipped_all, len({p.hr for p in pairs}), kind, _regions(opts, pairs))
     try:
-        storage.write_atomic(out.fs, manifest_path, manifest.dumps())
+        write_manifest(out.fs, manifest_path, manifest, index=opts.part is None)  # and manifest.json.idx
     except OSError as exc:
         raise BuildError(f"writing {manifest_path} failed: {exc}") from None
     out.cleanup(shards)

@@ -157,6 +157,15 @@ class ShardInfo:
             d["tiles"] = [int(t) for t in self.tiles]
         return d
 
+    @classmethod
+    def of_columns(cls, *fields: Any) -> ShardInfo:
+        """An entry over columns a reader has already checked as a whole (the column index,
+        :mod:`.colread`): the fields in declaration order, without :meth:`__post_init__`'s per-shard
+        passes, which at 40k shards would cost more than the whole index's checks."""
+        info = object.__new__(cls)
+        info.__dict__.update(zip(_SHARD_INFO_FIELDS, fields, strict=True))  # frozen: no __setattr__ of ours
+        return info
+
     def tiled(self, i: int) -> int:
         """Sample ``i``'s HR tile side, 0 when it is stored whole."""
         return 0 if self.tiles is None else int(self.tiles[i])
@@ -236,12 +245,15 @@ class ShardInfo:
         return cls(name, samples, size, digest, list(keys), list(offsets), [list(wh) for wh in sizes], probe, members, tiles)
 
 
+_SHARD_INFO_FIELDS = tuple(f.name for f in dataclasses.fields(ShardInfo))
+
+
 @dataclasses.dataclass(frozen=True)
 class Manifest:
     codec: str
     scales: list[int]
     lr_method: str
-    shards: list[ShardInfo]
+    shards: Sequence[ShardInfo]  # a list, or the column index's table (entries made on access)
     build: dict[str, Any] = dataclasses.field(default_factory=dict)
     identity: str | None = dataclasses.field(default=None, compare=False)  # sha256 of the file it was read from
     members: MemberNames | None = None  # an index of foreign shards (shardmaker index); None: our own shards
@@ -264,13 +276,21 @@ class Manifest:
 
     @property
     def samples(self) -> int:
-        return sum(s.samples for s in self.shards)
+        totals = getattr(self.shards, "totals", None)  # the column index's table: without making every entry
+        return int(totals[0]) if totals is not None else sum(s.samples for s in self.shards)
 
     @property
     def bytes(self) -> int:
-        return sum(s.bytes for s in self.shards)
+        totals = getattr(self.shards, "totals", None)
+        return int(totals[1]) if totals is not None else sum(s.bytes for s in self.shards)
 
     def to_json(self) -> dict[str, Any]:
+        d = self.top_json()
+        d["shards"] = [s.to_json() for s in self.shards]
+        return d
+
+    def top_json(self) -> dict[str, Any]:
+        """The manifest's fields but its shards (what the column index's header holds)."""
         d: dict[str, Any] = {
             "format": FORMAT,
             "codec": self.codec,
@@ -286,7 +306,6 @@ class Manifest:
             d["channels"] = self.channels
         if self.bit_depth is not None:
             d["bit_depth"] = self.bit_depth
-        d["shards"] = [s.to_json() for s in self.shards]
         return d
 
     def dumps(self) -> builtins.bytes:  # the property `bytes` above shadows the type in this class
@@ -295,33 +314,10 @@ class Manifest:
     @classmethod
     def from_json(cls, d: Any, where: str = MANIFEST, allow_empty: bool = False, compact: bool = False) -> Manifest:
         """A whole manifest, checked against the schema; ``allow_empty`` for part manifests."""
-        if type(d) is not dict or d.get("format") != FORMAT:
-            got = d.get("format") if type(d) is dict else None
-            raise ManifestError(where, "format", f"not a {FORMAT} manifest (format={got if isinstance(got, str) else None!r})")
-        for k in ("codec", "scales", "lr_method", "shards"):
-            if k not in d:
-                raise ManifestError(where, k, "missing")
-        members = MemberNames.from_json(d["members"], where) if "members" in d else None
-        codec = str_field(d["codec"], where, "codec")
-        if members is not None and codec != codec_of(members.hr):
-            raise ManifestError(where, "codec", f"must be the HR member's extension, {codec_of(members.hr)!r}")
-        if members is None and codec not in CODECS:
-            raise ManifestError(where, "codec", f"must be one of {', '.join(CODECS)}")
-        scales = list_field(d["scales"], where, "scales")
-        if not scales:
-            raise ManifestError(where, "scales", "must not be empty")
-        for i, s in enumerate(scales):
-            int_field(s, where, f"scales[{i}]", 2, 16)
-        if scales != sorted(set(scales)):
-            raise ManifestError(where, "scales", "must be increasing, without repeats")
-        lr_method = str_field(d["lr_method"], where, "lr_method")
-        if lr_method not in LR_METHODS:
-            raise ManifestError(where, "lr_method", f"must be one of {', '.join(LR_METHODS)}")
-        if members is not None and (sorted(members.lr) != scales or lr_method != "provided"):
-            raise ManifestError(where, "members", "an index names one LR member per scale, and its lr_method is 'provided'")
-        build = d.get("build", {})
-        if type(build) is not dict:
-            raise ManifestError(where, "build", "must be an object")
+        top = top_fields(d, where)
+        if "shards" not in d:
+            raise ManifestError(where, "shards", "missing")
+        build, members = top["build"], top["members"]
         raw_shards = list_field(d["shards"], where, "shards")
         if not raw_shards and not allow_empty:
             raise ManifestError(where, "shards", "no shards: an empty dataset")
@@ -348,12 +344,58 @@ class Manifest:
                 raise ManifestError(where, "shards", f"shard {sh.name} is listed twice")
             names.add(sh.name)
         _check_unique_keys(shards, where)
-        channels, depth = _kind_field(d, "channels", where), _kind_field(d, "bit_depth", where)
-        m = cls(codec, list(scales), lr_method, shards, dict(build), members=members, channels=channels, bit_depth=depth)
-        for total in ("samples", "bytes"):
-            if total in d and (type(d[total]) is not int or d[total] != getattr(m, total)):
-                raise ManifestError(where, total, "does not add up over the shards")
+        m = cls(shards=shards, **top)
+        check_totals(m, d, where)
         return m
+
+
+def check_totals(m: Manifest, d: dict[str, Any], where: str) -> None:
+    """The top-level ``samples`` and ``bytes``, when given, are the sums over the shards."""
+    for total in ("samples", "bytes"):
+        if total in d and (type(d[total]) is not int or d[total] != getattr(m, total)):
+            raise ManifestError(where, total, "does not add up over the shards")
+
+
+def top_fields(d: Any, where: str) -> dict[str, Any]:
+    """The top-level fields of a manifest (all but its shards), checked: ``Manifest``'s keyword
+    arguments (the JSON reader's and the column index's)."""
+    if type(d) is not dict or d.get("format") != FORMAT:
+        got = d.get("format") if type(d) is dict else None
+        raise ManifestError(where, "format", f"not a {FORMAT} manifest (format={got if isinstance(got, str) else None!r})")
+    for k in ("codec", "scales", "lr_method"):
+        if k not in d:
+            raise ManifestError(where, k, "missing")
+    members = MemberNames.from_json(d["members"], where) if "members" in d else None
+    codec = str_field(d["codec"], where, "codec")
+    if members is not None and codec != codec_of(members.hr):
+        raise ManifestError(where, "codec", f"must be the HR member's extension, {codec_of(members.hr)!r}")
+    if members is None and codec not in CODECS:
+        raise ManifestError(where, "codec", f"must be one of {', '.join(CODECS)}")
+    scales = list_field(d["scales"], where, "scales")
+    if not scales:
+        raise ManifestError(where, "scales", "must not be empty")
+    for i, s in enumerate(scales):
+        int_field(s, where, f"scales[{i}]", 2, 16)
+    if scales != sorted(set(scales)):
+        raise ManifestError(where, "scales", "must be increasing, without repeats")
+    lr_method = str_field(d["lr_method"], where, "lr_method")
+    if lr_method not in LR_METHODS:
+        raise ManifestError(where, "lr_method", f"must be one of {', '.join(LR_METHODS)}")
+    if members is not None and (sorted(members.lr) != scales or lr_method != "provided"):
+        raise ManifestError(where, "members", "an index names one LR member per scale, and its lr_method is 'provided'")
+    build = d.get("build", {})
+    if type(build) is not dict:
+        raise ManifestError(where, "build", "must be an object")
+    channels, depth = _kind_field(d, "channels", where), _kind_field(d, "bit_depth", where)
+    return {
+        "codec": codec,
+        "scales": list(scales),
+        "lr_method": lr_method,
+        "build": dict(build),
+        "members": members,
+        "channels": channels,
+        "bit_depth": depth,
+    }
 
 
 KINDS = {"channels": (1, 3), "bit_depth": (8, 16)}  # what a sample may decode to
@@ -539,11 +581,21 @@ def locate(url: str) -> tuple[str, str]:
     return url, MANIFEST
 
 
-def load(url: str, storage_options: dict[str, Any] | None = None, compact: bool = False, name: str = MANIFEST) -> Manifest:
+def load(
+    url: str, storage_options: dict[str, Any] | None = None, compact: bool = False, name: str = MANIFEST, index: bool = True
+) -> Manifest:
     """Read ``URL/manifest.json`` (URL is the dataset folder); ``compact``: per-sample data in
-    numpy columns (what the streaming reader holds in every process)."""
+    numpy columns (what the streaming reader holds in every process), from the column index
+    beside the manifest (``manifest.json.idx``, memory-mapped) when it has one made from it
+    (``index=False``: from the JSON all the same)."""
     fs, root = storage.open_dir(url, storage_options)
     path = storage.join(root, name)
+    if compact and index:
+        from shardmaker.format.colread import open_indexed  # colread builds on this module
+
+        indexed = open_indexed(fs, path, storage_options)
+        if indexed is not None:
+            return indexed
     try:
         raw = storage.read_bytes(fs, path)
     except FileNotFoundError:
