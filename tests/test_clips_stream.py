@@ -224,3 +224,25 @@ def test_clear_errors(clips, photo_shards):
             ClipConfig(**bad)
     with pytest.raises(wdsr.SampleError, match="need a dataset built with --max-span 13 or more"):
         list(wdsr.make_loader(_ds(clips, ClipConfig(frames=7, interval=(2,)), patches_per_image=16), num_workers=0))
+
+
+@pytest.mark.s3
+def test_clips_stream_from_s3_through_faults(clips, s3):
+    """The clip dataset on S3 (SeaweedFS on 127.0.0.1) behind a proxy that cuts replies and answers 503:
+    the batches of local disk, byte for byte, and the retries counted."""
+    from tests.faultproxy import FaultProxy
+    from tests.test_tiled_s3 import AMPLE, _upload
+
+    url = _upload(s3, clips, "clips-faults")
+    cc = ClipConfig(frames=3, interval=(1, 2))
+    want, _ = _digests(_ds(clips, cc), 2)
+    proxy = FaultProxy(s3.port)
+    try:
+        proxy.cut_after(30_000, times=4)
+        proxy.fail_503(times=2)
+        ds = _ds(url, cc, storage_options={"endpoint_url": proxy.endpoint}, retry=AMPLE)
+        got, _ = _digests(ds, 2)
+        assert got == want
+        assert ds.stats.totals()["retries"] >= 1
+    finally:
+        proxy.close()

@@ -126,7 +126,7 @@ def _train_parser(sub: Any) -> None:
     S = argparse.SUPPRESS  # only flags given on the command line override --config
     t = sub.add_parser(
         "train",
-        help="train EDSR-baseline or ESPCN on a dataset (one process, or DDP under torchrun)",
+        help="train EDSR-baseline or ESPCN on images, TinyVSR on video clips (one process, or DDP under torchrun)",
         argument_default=S,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="The reference training loop: L1 loss, Adam, cosine or step LR, AMP on CUDA, DDP under torchrun\n"
@@ -149,13 +149,31 @@ def _train_parser(sub: Any) -> None:
     t.add_argument("--val-data", metavar="URL", help="validation dataset, every image once (default: no validation)")
     t.add_argument("--out", metavar="DIR_OR_URL", help="run folder: checkpoints, latest.json, metrics.jsonl, run.json")
     t.add_argument("--config", metavar="FILE", help="YAML or JSON file of settings (keys = flag names)")
-    t.add_argument("--model", choices=["edsr-baseline", "espcn"], help="edsr-baseline (default; 16 blocks x 64 ch) or espcn")
+    t.add_argument(
+        "--model",
+        choices=["edsr-baseline", "espcn", "tinyvsr"],
+        help="edsr-baseline (default; 16 blocks x 64 ch) or espcn for image datasets; tinyvsr (a small recurrent "
+        "BasicVSR-like model) for clip datasets, with --clip-frames",
+    )
     t.add_argument("--scale", type=int, help="upscaling factor; the data must hold this LR (default 4)")
     t.add_argument("--patch-size", type=int, help="HR patch side, a multiple of --scale (default 192)")
     t.add_argument("-k", "--patches-per-image", type=int, help="patches cut per decoded pair (default 16)")
     t.add_argument("--batch-size", type=int, help="patches per batch per rank (default 16)")
     t.add_argument("--workers", type=int, help="DataLoader workers per rank (default: this machine's cores, at most 8)")
     t.add_argument("--shuffle-buffer", type=int, help="patches in each worker's shuffle buffer (default 1024)")
+    t.add_argument(
+        "--clip-frames",
+        type=int,
+        metavar="T",
+        help="clip datasets (shardmaker build --clips): windows of T frames; a batch is lr [B, T, C, h, w]",
+    )
+    t.add_argument("--clip-interval", metavar="I[,I...]", help="frame steps, one drawn per window (default 1; e.g. 1,2)")
+    t.add_argument(
+        "--clip-window",
+        choices=["recurrent", "center"],
+        help="recurrent (default): the HR of all T frames; center: of the centre frame only (T odd)",
+    )
+    t.add_argument("--clip-reverse", type=float, metavar="P", help="probability of a window's frames reversed (default 0)")
     t.add_argument("--steps", type=int, help=f"optimizer steps in all (default {DEFAULT_STEPS} unless --epochs)")
     t.add_argument("--epochs", type=int, help="passes over the data instead of --steps")
     t.add_argument("--lr", type=float, help="Adam learning rate (default 2e-4)")

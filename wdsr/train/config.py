@@ -4,7 +4,9 @@ Config file keys are the flag names (``patch-size`` or ``patch_size``; ``k`` for
 ``patches_per_image``); flags given on the command line override the file. What the train set
 streams is a :class:`wdsr.DatasetConfig` (``cfg.dataset``): its options are set by the same flat
 keys (``patch_size``, ``shuffle_buffer``, ``on_error``, ``decoded_cache_limit``, ...), or under a
-``dataset:`` mapping in the file; sizes take units (``20GB``; a bare number is GB). Every value is
+``dataset:`` mapping in the file; sizes take units (``20GB``; a bare number is GB). Clip datasets are
+streamed as windows of frames (``cfg.dataset.clip``, a :class:`wdsr.ClipConfig`) when ``clip_frames``
+is set, with ``clip_interval``, ``clip_window`` and ``clip_reverse`` (:data:`CLIP_KEYS`). Every value is
 checked once, here (type and range, flags and files alike); a setting given twice in one file (two
 spellings, or at the top and under ``dataset:``) is an error naming both.
 """
@@ -21,6 +23,7 @@ from shardmaker import compat, storage
 from shardmaker.clikit import parse_size
 from shardmaker.errors import brief
 from wdsr.config import LIMITS, MAX_PATH_CHARS, DatasetConfig, check_number
+from wdsr.pipeline.clips import MAX_FRAMES, ClipConfig
 from wdsr.train.models import ModelName
 
 
@@ -38,6 +41,11 @@ class Amp(str, enum.Enum):
 class Schedule(str, enum.Enum):
     COSINE = "cosine"  # lr * (1 + cos(pi * step / steps)) / 2
     STEP = "step"  # lr * gamma ** (step // lr_step)
+
+
+class ClipWindow(str, enum.Enum):
+    RECURRENT = "recurrent"  # T frames in, T out (BasicVSR)
+    CENTER = "center"  # T frames in (T odd), the centre one out (EDVR)
 
 
 class Device(str, enum.Enum):
@@ -96,6 +104,7 @@ class TrainConfig:
             object.__setattr__(self, "steps", DEFAULT_STEPS)
         if self.dataset.split.value != "train":
             raise ConfigError("the train set's DatasetConfig must have split='train' (--val-data is the val set)")
+        _check_clip_model(self)
 
     def __getattr__(self, name: str) -> Any:  # cfg.patch_size and the like: moved to cfg.dataset (0.2)
         if name in DATASET_KEYS:
@@ -108,11 +117,42 @@ class TrainConfig:
         """JSON-able settings, flat (as stored in run.json and checkpoints): the train settings, then
         the train set's options under their own names."""
         out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "dataset"}
-        return {**out, **{name: _plain(getattr(self.dataset, name)) for name in DATASET_KEYS}}
+        clip = self.dataset.clip
+        clips = {key: None if clip is None else _plain(getattr(clip, field)) for key, field in CLIP_KEYS.items()}
+        clips["clip_interval"] = None if clip is None else list(clip.interval)
+        return {**out, **{name: _plain(getattr(self.dataset, name)) for name in DATASET_KEYS}, **clips}
+
+
+def _check_clip_model(cfg: TrainConfig) -> None:
+    """A video model trains on clips (windows of frames), an image model on patches; validation of clips
+    during training waits for ``split="val"`` of clip datasets (issue 27)."""
+    clip = cfg.dataset.clip
+    if cfg.model.video and clip is None:
+        raise ConfigError(
+            f"--model {cfg.model.value} is a video model: it trains on clip datasets (shardmaker build --clips); "
+            "give --clip-frames T"
+        )
+    if clip is not None and not cfg.model.video:
+        video = ", ".join(m.value for m in ModelName if m.video)
+        raise ConfigError(
+            f"--clip-frames streams windows of frames from clip datasets; --model {cfg.model.value} is an image model "
+            f"(video models: {video})"
+        )
+    if clip is not None and cfg.val_data and cfg.val_every:
+        raise ConfigError(
+            "--val-data: validation of clip datasets during training is not supported yet (issue 27); "
+            "leave --val-data unset or set --val-every 0"
+        )
 
 
 # the DatasetConfig options a train config sets (the val set's tiles are val_tile; split is implied)
-DATASET_KEYS = tuple(f.name for f in dataclasses.fields(DatasetConfig) if f.name not in ("split", "tile", "return_keys"))
+# (the clip is set by the CLIP_KEYS)
+DATASET_KEYS = tuple(f.name for f in dataclasses.fields(DatasetConfig) if f.name not in ("split", "tile", "return_keys", "clip"))
+# the train set's windows of frames (clip datasets): setting -> wdsr.ClipConfig field; on when clip_frames is set
+CLIP_KEYS = {"clip_frames": "frames", "clip_interval": "interval", "clip_window": "window", "clip_reverse": "reverse"}
+_CLIP_TYPES = {"clip_frames": "int", "clip_interval": "int", "clip_window": "ClipWindow", "clip_reverse": "float"}
+TRAIN_SET_KEYS = (*DATASET_KEYS, *CLIP_KEYS)  # the settings of the train set: flat, or under ``dataset:``
+MAX_INTERVALS = 64  # intervals a window may draw from (wdsr.ClipConfig's own bound)
 _SIZES = ("cache_limit", "decoded_cache_limit")  # bytes, given with units (a bare number is GB)
 BIG = 10**12  # steps and step counts: far beyond any run, far below int64
 
@@ -131,6 +171,9 @@ TRAIN_LIMITS: dict[str, tuple[float, float, bool]] = {
     "ckpt_every": (0, BIG, False),
     "keep_ckpts": (0, 10**6, False),
     "workers": (0, 256, False),
+    "clip_frames": (1, MAX_FRAMES, False),
+    "clip_interval": (1, MAX_FRAMES, False),  # each interval of the list
+    "clip_reverse": (0.0, 1.0, False),
 }
 # retry: fields: (lowest, highest, whether an integer)
 _RETRY = {
@@ -188,9 +231,44 @@ def _retry(value: Any, where: str) -> Any:
         raise ConfigError(f"{where}: retry: {exc}") from None
 
 
+def _intervals(value: Any) -> tuple[int, ...]:
+    """``--clip-interval``: ``2``, ``"1,2"`` or ``[1, 2]``; each interval checked."""
+    if isinstance(value, str):
+        if len(value) > 8 * MAX_INTERVALS:
+            raise ConfigError(f"--clip-interval must be at most {MAX_INTERVALS} integers, got {brief(value)}")
+        parts: list[Any] = [part.strip() for part in value.split(",")]
+    elif isinstance(value, (list, tuple)):
+        parts = list(value)
+    else:
+        parts = [value]
+    if not 1 <= len(parts) <= MAX_INTERVALS:
+        raise ConfigError(f"--clip-interval must be 1 to {MAX_INTERVALS} integers (1,2,...), got {brief(value)}")
+    return tuple(_coerce("clip_interval", "int", part) for part in parts)
+
+
+def clip_config(settings: dict[str, Any], where: str) -> ClipConfig | None:
+    """The train set's windows (``CLIP_KEYS`` settings, null = unset), or None (an image dataset)."""
+    given = {key: value for key, value in settings.items() if value is not None}
+    if not given:
+        return None
+    if "clip_frames" not in given:
+        raise ConfigError(
+            f"{', '.join(flag(k) for k in given)} without --clip-frames: give --clip-frames T (windows of T frames)"
+        )
+    fields: dict[str, Any] = {}
+    for key, value in given.items():
+        checked = _intervals(value) if key == "clip_interval" else _coerce(key, _CLIP_TYPES[key], value)
+        fields[CLIP_KEYS[key]] = checked.value if isinstance(checked, enum.Enum) else checked
+    try:
+        return ClipConfig(**fields)
+    except ValueError as exc:  # a center window of an even number of frames
+        raise ConfigError(f"{'' if where == 'flags' else where + ': '}{exc} (--clip-frames, --clip-window)") from None
+
+
 def dataset_config(settings: dict[str, Any], where: str) -> DatasetConfig:
     """The train set's options from flat settings (already split from the train ones)."""
-    opts: dict[str, Any] = {}
+    opts: dict[str, Any] = {"clip": clip_config({k: v for k, v in settings.items() if k in CLIP_KEYS}, where)}
+    settings = {k: v for k, v in settings.items() if k not in CLIP_KEYS}
     types = {f.name: f.type for f in dataclasses.fields(DatasetConfig)}
     for name, value in settings.items():
         optional = "None" in str(types[name])
@@ -221,7 +299,7 @@ def dataset_config(settings: dict[str, Any], where: str) -> DatasetConfig:
 
 
 _TYPES: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str}
-_ENUMS = {e.__name__: e for e in (ModelName, Amp, Schedule, Device)}
+_ENUMS = {e.__name__: e for e in (ModelName, Amp, Schedule, Device, ClipWindow)}
 
 
 def _coerce(name: str, annotation: Any, value: Any) -> Any:
@@ -290,7 +368,7 @@ def _expanded_items(value: Any, where: str) -> None:
 def normalise_keys(d: dict[str, Any], where: str) -> dict[str, Any]:
     """Flag names (``patch-size``, ``patch_size``, ``k``; a ``dataset:`` mapping one level down) -> field
     names; an unknown name, or one setting given under two names, is an error naming them."""
-    known = ({f.name for f in dataclasses.fields(TrainConfig)} | set(DATASET_KEYS)) - {"dataset"}
+    known = ({f.name for f in dataclasses.fields(TrainConfig)} | set(TRAIN_SET_KEYS)) - {"dataset"}
     items = [(key, value, "") for key, value in d.items() if key != "dataset"]
     if "dataset" in d:  # a ``dataset:`` mapping in a config file: the train set's options, one level down
         if not isinstance(d["dataset"], dict):
@@ -302,8 +380,8 @@ def normalise_keys(d: dict[str, Any], where: str) -> dict[str, Any]:
         if not isinstance(key, str) or len(key) > 64:
             raise ConfigError(f"{where}: a setting name must be a short string, got {brief(key)}")
         name = _ALIASES.get(key, key.replace("-", "_"))
-        if name not in known or name in _FLAGS_ONLY and where != "flags" or prefix and name not in DATASET_KEYS:
-            choices = sorted(set(DATASET_KEYS) if prefix else known - _FLAGS_ONLY)
+        if name not in known or name in _FLAGS_ONLY and where != "flags" or prefix and name not in TRAIN_SET_KEYS:
+            choices = sorted(set(TRAIN_SET_KEYS) if prefix else known - _FLAGS_ONLY)
             raise ConfigError(f"{where}: unknown setting {brief(prefix + key)} (known: {', '.join(choices)})")
         if name in given:
             raise ConfigError(f"{where}: {given[name]!r} and {prefix + key!r} both set {name}; give it once")
@@ -384,7 +462,7 @@ def make_config(flags: dict[str, Any]) -> TrainConfig:
     for required in ("data", "out"):
         if not merged.get(required):
             raise ConfigError(f"--{required} is required (on the command line or in --config)")
-    data = {k: merged.pop(k) for k in list(merged) if k in DATASET_KEYS}
+    data = {k: merged.pop(k) for k in list(merged) if k in TRAIN_SET_KEYS}
     try:
         return TrainConfig(**merged, dataset=dataset_config(data, "--config" if path else "flags"))
     except TypeError as exc:  # a TrainConfig field given a value of no use (cannot happen through the names above)

@@ -2,7 +2,8 @@
 
 One process, or one per GPU/CPU slot under ``torchrun`` (rank and world from its environment).
 Rank 0 logs, validates the gathered results and writes checkpoints; SIGTERM finishes the
-step, checkpoints and exits 0 (every rank stops at the same step).
+step, checkpoints and exits 0 (every rank stops at the same step). Image datasets train an image
+model on patches, clip datasets a video model on windows of frames (``--clip-frames``).
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from shardmaker import format as fmt
 from shardmaker.errors import brief
 from wdsr.dataset import SRDataset
 from wdsr.loader import LoaderStateError, SRLoader, make_loader, sample_meta, to_float
+from wdsr.pipeline.decode import is_clip_dataset
+from wdsr.store import urls
 from wdsr.train.checkpoint import FORMAT, Diverged, RunDir, RunError
-from wdsr.train.config import Amp, Schedule, TrainConfig
+from wdsr.train.config import Amp, ConfigError, Schedule, TrainConfig
 from wdsr.train.context import Ctx, setup
 from wdsr.train.logbook import MetricsLog, Window, diverged_message, log_val, log_window, progress_bar
 from wdsr.train.models import build_model
@@ -58,13 +62,51 @@ class StopFlag:
 
 def open_data(cfg: TrainConfig) -> tuple[SRDataset, SRDataset | None]:
     """The train (and val) datasets; every bad-input error surfaces here, before workers start."""
-    train = SRDataset(cfg.data, config=cfg.dataset)
+    try:
+        train = SRDataset(cfg.data, config=cfg.dataset)
+    except ValueError:
+        _refuse_other_kind(cfg)  # a clip dataset for an image model, or images for a video model: in flag words
+        raise
+    _check_span(cfg, train)
     train.check_batches(cfg.workers)
     val = None
     if cfg.val_data and cfg.val_every:
         d = cfg.dataset
         val = SRDataset(cfg.val_data, scale=d.scale, split="val", tile=cfg.val_tile, on_error=d.on_error)
     return train, val
+
+
+def _refuse_other_kind(cfg: TrainConfig) -> None:
+    """When the dataset refused to open: if its (first) folder holds the other kind of data than the
+    model trains on, say so in the flags' words; otherwise the dataset's own error stands."""
+    try:
+        folder = (urls.dataset_folders(cfg.data) or [urls.resolve(cfg.data).folder])[0]
+        clips = is_clip_dataset(fmt.load(folder, compact=True))
+    except (ValueError, OSError):
+        return
+    if clips and cfg.dataset.clip is None:
+        raise ConfigError(
+            f"{folder}: a clip dataset (shardmaker build --clips): train a video model on it (--model tinyvsr --clip-frames T)"
+        )
+    if not clips and cfg.dataset.clip is not None:
+        raise ConfigError(
+            f"{folder}: an image dataset; --model {cfg.model.value} --clip-frames trains on clip datasets "
+            "(shardmaker build --clips): train an image model (edsr-baseline, espcn) on it"
+        )
+
+
+def _check_span(cfg: TrainConfig, train: SRDataset) -> None:
+    """Windows longer than the dataset's segments may hold (its ``--max-span``) would fail in a worker: refuse
+    now. A dataset whose every clip is one segment (as many samples as clips) holds windows of any span."""
+    clip = cfg.dataset.clip
+    built = (getattr(train.manifest, "build", None) or {}).get("clips")
+    most = built.get("max_span") if isinstance(built, dict) else None
+    split = isinstance(built, dict) and isinstance(built.get("clips"), int) and train.manifest.samples > built["clips"]
+    if clip is not None and isinstance(most, int) and clip.span > most and split:
+        raise ConfigError(
+            f"{train.url}: windows of --clip-frames {clip.frames} at --clip-interval {max(clip.interval)} span {clip.span} "
+            f"frames; this dataset was built with --max-span {most}: lower them, or rebuild with --max-span {clip.span}"
+        )
 
 
 def amp_setting(amp: Amp, device: torch.device) -> tuple[torch.dtype | None, bool]:
@@ -131,7 +173,10 @@ def train(cfg: TrainConfig) -> int:
 # what a resumed run cannot change: the checkpoint's weights would not fit, or mean something else
 _FIXED = ("model", "scale")
 # what a resume may change, but a researcher should see changed (run.json is the settings of the last start)
-_NOTED = ("data", "lr", "schedule", "lr_step", "lr_gamma", "patch_size", "patches_per_image", "batch_size", "seed")
+_NOTED = (
+    *("data", "lr", "schedule", "lr_step", "lr_gamma", "patch_size", "patches_per_image", "batch_size", "seed"),
+    *("clip_frames", "clip_interval", "clip_window", "clip_reverse"),
+)
 
 
 def _check_resume(state: dict[str, Any], cfg: TrainConfig, run: RunDir) -> None:
@@ -168,6 +213,8 @@ class _Model:
         """One optimisation step on a batch; its loss (on the device) and the learning rate it used."""
         with torch.autocast(device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None):
             out = self.run_model(x)
+        if out.shape != y.shape:  # l1_loss would broadcast (a centre-frame HR against T frames' output)
+            raise ValueError(f"the model's output {tuple(out.shape)} is not the shape of the HR batch {tuple(y.shape)}")
         loss = nn.functional.l1_loss(out.float(), y)
         self.opt.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
@@ -182,7 +229,8 @@ def _build_model(
     cfg: TrainConfig, ctx: Ctx, channels: int, total: int, state: dict[str, Any] | None, where: str = "checkpoint"
 ) -> _Model:
     torch.manual_seed(cfg.dataset.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
-    model = build_model(cfg.model, cfg.dataset.scale, channels).to(ctx.device)
+    center = cfg.dataset.clip is not None and cfg.dataset.clip.window == "center"
+    model = build_model(cfg.model, cfg.dataset.scale, channels, center=center).to(ctx.device)
     if ctx.device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs lack it
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99))
@@ -285,9 +333,11 @@ def _loop(
         run.start(cfg.dict)
         metrics = MetricsLog(run, cfg)
         amp = {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[m.amp_dtype]
+        clip = cfg.dataset.clip
+        what = "" if clip is None else f" (windows of {clip.frames} frames, {clip.window})"
         log.info(
-            "training %s x%d on %s: %d batches/epoch/rank, %d ranks, %d steps, amp %s, device %s",
-            *(cfg.model.value, cfg.dataset.scale, cfg.data, len(loader), ctx.world, total, amp, ctx.device),
+            "training %s x%d on %s%s: %d batches/epoch/rank, %d ranks, %d steps, amp %s, device %s",
+            *(cfg.model.value, cfg.dataset.scale, cfg.data, what, len(loader), ctx.world, total, amp, ctx.device),
         )
     bar = progress_bar(ctx, total, step)
     win = Window(time.perf_counter(), 0.0, 0, torch.zeros((), device=ctx.device))
@@ -306,7 +356,7 @@ def _loop(
                     win.wait += time.perf_counter() - t0
                     x = to_float(item[0].to(ctx.device, non_blocking=True))
                     y = to_float(item[1].to(ctx.device, non_blocking=True))
-                    if ctx.device.type == "cuda":
+                    if ctx.device.type == "cuda" and x.ndim == 4:  # clips [B, T, C, h, w]: the model folds T into B
                         x = x.contiguous(memory_format=torch.channels_last)
                     loss, step_lr = m.step(x, y, ctx.device)
                     step += 1
