@@ -4,7 +4,7 @@
 
 Two JPEG-tiled BigTIFFs (1024 px tiles, quality 90, as whole-slide scanners write them), made of 4K
 mosaics of real photos (``bench.common.mosaic_4k``): a ``--side`` x ``--side`` slide (default 40960^2,
-1.68 Gpx, 5 GB of pixels) and a 10240^2 image. Each is built by ``shardmaker build --codec qoi
+1.68 Gpx, 5 GB of pixels) and ``--images`` 10240^2 images (6: 24 region samples, about the slide's 25). Each is built by ``shardmaker build --codec qoi
 --scale 4 --tiles auto`` with the default ``--region 8192`` (one worker, in its own process: build
 seconds and peak RSS reported) and streamed by ``wdsr bench``'s ``bench_stream`` with 1 worker,
 k = 16, HR patch 192, batch 16, shuffle buffer 256: patches/s and the worker's peak RSS. The targets:
@@ -83,27 +83,28 @@ def main() -> None:
     ap = parser(__doc__)
     ap.add_argument("--side", type=int, default=40960, help="the slide's side in pixels (a multiple of 1024)")
     ap.add_argument("--seconds", type=float, default=20.0, help="streaming time per row")
+    ap.add_argument("--images", type=int, default=6, help="10240^2 images (4 region samples each): epochs as long as the slide's")
     ap.add_argument("--out", type=Path, default=Path("bench/out"))
     args = ap.parse_args()
     work = args.out / "slide"
     rows, data = [], {}
     rates = {}
-    for name, side, seed in (("10240^2", 10240, 1), (f"{args.side}^2", args.side, 2)):
+    for name, side, count in (("10240^2", 10240, args.images), (f"{args.side}^2", args.side, 1)):
         src = work / f"src-{side}"
         t0 = time.perf_counter()
-        write_slide(src / f"slide{side}.tif", side, seed)
+        for i in range(count):
+            write_slide(src / f"slide{side}-{i}.tif", side, 10 * side + i)
         write_s = time.perf_counter() - t0
         out = work / f"ds-{side}"
         build_s, build_mb = build(src, out)
         m = fmt.load(str(out))
         r = bench_stream(str(out), workers=1, patches_per_image=16, seconds=args.seconds, shuffle_buffer=256)
         rates[side] = r.patches_per_s
-        regions = m.build.get("regions", {})
         rows.append(
             [
-                name,
-                f"{side * side / 1e9:.2f}",
-                f"{regions.get('samples', 1)} x {max(max(w, h) for sh in m.shards for w, h in sh.hr_sizes)}",
+                name if count == 1 else f"{count} x {name}",
+                f"{count * side * side / 1e9:.2f}",
+                f"{m.samples} x {max(max(int(w), int(h)) for sh in m.shards for w, h in sh.hr_sizes)}",
                 f"{m.bytes / 1e9:.2f}",
                 f"{build_s:.0f}",
                 f"{build_mb:.0f}",
@@ -112,7 +113,7 @@ def main() -> None:
             ]
         )
         data[name] = {
-            "gigapixels": side * side / 1e9,
+            "gigapixels": count * side * side / 1e9,
             "samples": m.samples,
             "shard_bytes": m.bytes,
             "tiff_write_s": write_s,

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from tests.helpers import ROOT, descendants, wait_until
 from wdsr.tools.cli import main
 from wdsr.train.checkpoint import FORMAT, RunDir, RunError, checkpoint_path
-from wdsr.train.config import DATASET_KEYS, ConfigError, TrainConfig, make_config
+from wdsr.train.config import CLIP_KEYS, DATASET_KEYS, ConfigError, TrainConfig, make_config
 from wdsr.train.models import ESPCN, build_model
 
 SMALL = ["--model", "espcn", "--patch-size", "48", "-k", "4", "--batch-size", "4", "--shuffle-buffer", "16", "--val-every", "0"]
@@ -469,7 +469,9 @@ def test_run_json_is_read_on_resume(photo_shards, trained, tmp_path, capsys, cap
 
 
 # ---- 6. fuzz: any JSON-able value ends in a TrainConfig or a ConfigError, quickly --------------------
-NAMES = sorted({f.name for f in __import__("dataclasses").fields(TrainConfig)} | set(DATASET_KEYS) | {"k", "patch-size"})
+NAMES = sorted(
+    {f.name for f in __import__("dataclasses").fields(TrainConfig)} | set(DATASET_KEYS) | set(CLIP_KEYS) | {"k", "patch-size"}
+)
 EDGES = [
     10**400,
     -(10**400),
