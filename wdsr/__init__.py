@@ -13,6 +13,7 @@ from wdsr.dataset import SRDataset, ValSample
 from wdsr.errors import SampleError
 from wdsr.loader import SRLoader, make_loader, to_float
 from wdsr.pipeline.clips import ClipConfig
+from wdsr.pipeline.clipval import ValClip
 from wdsr.pipeline.tiles import stitch
 from wdsr.state import LoaderStateError, WorldChanged
 from wdsr.store.remote import ReadFailed, Retry
@@ -28,6 +29,7 @@ __all__ = [
     "SRLoader",
     "SampleError",
     "Split",
+    "ValClip",
     "ValSample",
     "WorldChanged",
     "make_loader",

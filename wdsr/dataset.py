@@ -27,6 +27,7 @@ from shardmaker import format as fmt
 from shardmaker.errors import OnError, brief
 from wdsr import env
 from wdsr.config import DatasetConfig, Split
+from wdsr.pipeline import clipval
 from wdsr.pipeline.batch import collate
 from wdsr.pipeline.decode import Kind, Verify, is_clip_dataset
 from wdsr.pipeline.elastic import ElasticPlan, elastic_plan
@@ -156,10 +157,9 @@ class SRDataset(IterableDataset):
             )
         if c.clip is not None and not is_clip_dataset(m):
             raise ValueError(f"{folder}: clip= streams clip datasets (shardmaker build --clips); this one holds images")
-        if c.clip is not None and c.split is not Split.TRAIN:
-            raise ValueError(
-                f"{folder}: split='val' of clip datasets is not there yet (issue 27); validate clips with your own loop"
-            )
+        if c.clip is not None and c.split is Split.VAL:
+            clipval.check_val(folder, c.clip, c.tile)
+            clipval.clip_plan(m.shards)  # every key a segment's, each once: refused here, not in a worker
 
     def _decoded_cache(self, m: fmt.Manifest, parts: list[tuple[str, fmt.Manifest]]) -> DecodedCache | None:
         """This dataset's part of the node-wide decoded cache; in a mix, each source gets the share
@@ -289,6 +289,9 @@ class SRDataset(IterableDataset):
         world had run that far into, re-planned over this world (:func:`elastic_plan`)."""
         nw = max(1, num_workers)
         c = self.config
+        if c.split is Split.VAL and c.clip is not None:
+            clips = clipval.clip_val_plan(self.manifest.shards, self.world.size, nw)[self.world.rank * nw + worker]
+            return clipval.clip_val_pass(self._source, clips, worker, c.clip)
         if c.split is Split.VAL:
             items = val_plan(self._sizes(), self.world.size, nw)[self.world.rank * nw + worker]
             return val_pass(self._source, items, worker, c.scale, c.tile, c.tile_overlap)
