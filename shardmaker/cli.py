@@ -89,6 +89,12 @@ def _build_parser(sub: Any) -> None:
         "imresize on uint8 input, rounded after each pass (Set5/Set14/RCAN test sets)",
     )
     b.add_argument(
+        "--hr-only",
+        action="store_true",
+        help="store HR images alone, no LR: SRDataset(..., lr='bicubic') then makes each LR patch MATLAB-exactly, "
+        "at any integer scale (lr_method none in the manifest)",
+    )
+    b.add_argument(
         "--codec",
         choices=[c.value for c in Codec],
         default=Codec.PNG.value,
@@ -401,7 +407,9 @@ def _tiles(text: str) -> int | str:
 def _build(args: argparse.Namespace) -> int:
     # With --lr, the scales come from the LR folders; --scale, if given, must agree with them.
     scales = args.scale or (() if args.lr else (4,))
-    method = LrMethod.PROVIDED if args.lr else LrMethod(args.lr_method)
+    if args.hr_only and (args.lr or args.scale):
+        raise ValueError("--hr-only stores HR images alone: leave out --lr and --scale (the stream makes LR: lr='bicubic')")
+    method = LrMethod.NONE if args.hr_only else LrMethod.PROVIDED if args.lr else LrMethod(args.lr_method)
     cfg = SampleConfig(
         scales=scales,
         codec=Codec(args.codec),

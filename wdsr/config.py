@@ -66,6 +66,9 @@ def check_number(label: str, value: Any, lo: float, hi: float, integer: bool, lo
     return number
 
 
+LR_MODES = ("stored", "bicubic", "bicubic-uint8")
+
+
 def _check_types(c: DatasetConfig) -> None:
     """Every field of the right type and in range (a wrong type raises here, never later in a worker)."""
     optional = ("min_patch_std", "tile", "cache_limit", "decoded_cache_limit")
@@ -84,6 +87,8 @@ def _check_types(c: DatasetConfig) -> None:
             raise ValueError(f"{name} must be a folder path of at most {MAX_PATH_CHARS} characters, got {brief(value)}")
     if not isinstance(c.retry, Retry):
         raise ValueError(f"retry must be a wdsr.Retry, got {brief(c.retry)}")
+    if c.lr not in LR_MODES:
+        raise ValueError(f"lr must be one of {', '.join(LR_MODES)}, got {brief(c.lr)}")
     if c.clip is not None and not isinstance(c.clip, ClipConfig):
         raise ValueError(f"clip must be a wdsr.ClipConfig, got {brief(c.clip)}")
 
@@ -121,6 +126,8 @@ class DatasetConfig:
     decoded_cache_limit: int | None = None
     # video clips (shardmaker build --clips): windows of frames instead of patches of images
     clip: ClipConfig | None = None
+    # LR: "stored" (the dataset's), or made per patch from HR MATLAB-exactly: "bicubic" (matlab), "bicubic-uint8"
+    lr: str = "stored"
 
     def __post_init__(self) -> None:
         for name, kind in (("split", Split), ("on_error", OnError), ("verify", Verify), ("fetch", Fetch)):

@@ -107,8 +107,14 @@ class SRDataset(IterableDataset):
         kind = Kind.of(parts)  # one for all sources of a mix: their batches are stacked together
         sources = []
         for folder, m in parts:
-            if self.config.scale not in m.scales:
-                raise ValueError(f"{folder}: no x{self.config.scale} LR in this dataset (scales: {m.scales})")
+            if self.config.lr == "stored" and self.config.scale not in m.scales:
+                if not m.scales:
+                    raise ValueError(f"{folder}: an HR-only dataset (shardmaker build --hr-only): stream it with lr='bicubic'")
+                raise ValueError(
+                    f"{folder}: no x{self.config.scale} LR in this dataset (scales: {m.scales}; lr='bicubic' makes any)"
+                )
+            if self.config.lr != "stored" and self.config.clip is not None:
+                raise ValueError(f"{folder}: lr='{self.config.lr}' of clip datasets is not there yet")
             if m.members is not None and self.config.verify is Verify.SHA256:
                 raise ValueError(
                     f"{folder}: verify='sha256' needs sha256 digests per member; an index of foreign shards "
@@ -119,7 +125,8 @@ class SRDataset(IterableDataset):
             reader = ShardReader(folder, m, storage_options, self.config.read_config())
             cache = self._decoded_cache(m, parts)
             c = self.config
-            sources.append(Source(reader, c.scale, c.verify, c.max_pixels, self.stats, errors, cache, kind, c.clip))
+            cache = cache if c.lr == "stored" else None  # the decoded cache keeps stored pairs
+            sources.append(Source(reader, c.scale, c.verify, c.max_pixels, self.stats, errors, cache, kind, c.clip, c.lr))
         self.url = parts[0][0]  # the (first) dataset folder
         self.reader = sources[0].reader
         self.manifest, self._source, self.mix = _combine(parts, sources, weights, epoch_samples)

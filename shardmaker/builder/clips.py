@@ -412,7 +412,7 @@ def encode_segment(pair: Pair, cfg: Any) -> Any:
     assert part is not None
     w, h = pair.hr_size
     provided = cfg.lr_method is LrMethod.PROVIDED
-    scales = sorted(s for s, _, _ in pair.lr) if provided else sorted(cfg.scales)
+    scales = sorted(s for s, _, _ in pair.lr) if provided else sorted(cfg.scales)  # () for --hr-only
     tile = tile_side(cfg, (h, w), scales)
     ext = Codec(cfg.codec).value if tile is None else TILED
     members: dict[str, bytes] = {}

@@ -17,13 +17,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from shardmaker.imaging.resize import ResizeMethod, downscale
+from shardmaker.imaging.resize import BAND_PIXELS, ResizeMethod, crop_lr
 
-__all__ = ["DEFAULT_REGION", "Region", "plan_regions", "region_lr", "valid_share"]
+__all__ = ["BAND_PIXELS", "DEFAULT_REGION", "Region", "plan_regions", "region_lr", "valid_share"]
 
 DEFAULT_REGION = 8192  # HR pixels per region side
 FLAT_BLOCK = 64  # pixels per side of the blocks valid_share looks at
-BAND_PIXELS = 1 << 22  # HR pixels per band of region_lr: its float64 passes then hold ~100 MB for RGB
 Reader = Callable[[int, int, int, int], np.ndarray]  # (y, x, h, w) -> pixels
 
 
@@ -77,39 +76,8 @@ def region_lr(
 ) -> np.ndarray:
     """The x``scale`` LR of ``region``: the crop of ``downscale(mod_crop(image))`` it covers, computed
     from the region and a margin read through ``read`` (never the whole image), in bands of about
-    ``band_pixels`` HR pixels, so the resize's float64 passes hold one band, not the region."""
-    s = scale
-    if region.y % s or region.x % s:
-        raise ValueError(f"region at ({region.x}, {region.y}) is not on the x{s} grid")
-    hc, wc = image_hw[0] // s * s, image_hw[1] // s * s  # the mod-cropped image the LR is made from
-    y1, x1 = min(region.y + region.h, hc), min(region.x + region.w, wc)
-    if y1 <= region.y or x1 <= region.x:
-        raise ValueError(f"region {region} has no x{s} LR in a {image_hw[1]}x{image_hw[0]} image")
-    lh = (y1 - region.y) // s
-    rows = max(1, band_pixels // (x1 - region.x) // s)  # LR rows per band
-    out: np.ndarray | None = None
-    for r0 in range(0, lh, rows):
-        r1 = min(lh, r0 + rows)
-        part = _band_lr(read, (hc, wc), (region.y + r0 * s, region.y + r1 * s), (region.x, x1), s, method)
-        if out is None:
-            out = np.empty((lh, *part.shape[1:]), part.dtype)
-        out[r0:r1] = part
-    assert out is not None
-    return out
-
-
-def _band_lr(
-    read: Reader, crop_hw: tuple[int, int], ys: tuple[int, int], xs: tuple[int, int], s: int, method: ResizeMethod
-) -> np.ndarray:
-    """LR rows ``ys // s`` x columns ``xs // s`` of the mod-cropped image ``crop_hw``, from those HR
-    pixels and a margin of ``3 * s`` (the bicubic kernel reaches ``2 * s + 1`` at ``1/s``) clipped to
-    the crop, so each LR pixel sees what it sees in the whole image, the mirroring at its border too."""
-    m = 3 * s
-    ty, tx = max(0, ys[0] - m), max(0, xs[0] - m)
-    by, bx = min(crop_hw[0], ys[1] + m), min(crop_hw[1], xs[1] + m)
-    lr = downscale(read(ty, tx, by - ty, bx - tx), s, method)
-    oy, ox = (ys[0] - ty) // s, (xs[0] - tx) // s
-    return lr[oy : oy + (ys[1] - ys[0]) // s, ox : ox + (xs[1] - xs[0]) // s]
+    ``band_pixels`` HR pixels (:func:`shardmaker.imaging.resize.crop_lr`)."""
+    return crop_lr(read, image_hw, (region.y, region.x, region.h, region.w), scale, method, band_pixels)
 
 
 def valid_share(img: np.ndarray, tolerance: int | None = None) -> float:

@@ -106,7 +106,7 @@ def fingerprint(pairs: list[Pair], opts: BuildConfig) -> str:
         "codec": cfg.codec.value,
         "png_level": cfg.png_level,
         "lr_method": cfg.lr_method.value,
-        "scales": sorted(cfg.scales) if cfg.lr_method is not LrMethod.PROVIDED else None,
+        "scales": sorted(cfg.scales) if cfg.lr_method not in (LrMethod.PROVIDED, LrMethod.NONE) else None,
         "mod_crop": cfg.mod_crop,
         "drop_alpha": cfg.drop_alpha,
         "shard_size": opts.shard_size,
@@ -275,7 +275,7 @@ def _scan(opts: BuildConfig) -> tuple[list[Pair], list[Skipped], list[str]]:
     pairs, skipped, ignored = scan_sources(
         _hr_sources(opts), opts.lr_srcs, cfg.mod_crop, opts.on_error, cfg.storage_options, opts.lr_pattern
     )
-    return split_regions(pairs, cfg.region, None if opts.lr_srcs else cfg.scales), skipped, ignored
+    return split_regions(pairs, cfg.region, None if opts.lr_srcs else cfg.scales or (1,)), skipped, ignored
 
 
 def build(opts: BuildConfig) -> BuildResult:
@@ -295,6 +295,8 @@ def build(opts: BuildConfig) -> BuildResult:
         opts = dataclasses.replace(opts, sample=dataclasses.replace(opts.sample, scales=scales, lr_method=LrMethod.PROVIDED))
     elif opts.sample.lr_method is LrMethod.PROVIDED:
         raise BuildError("lr_method 'provided' needs LR folders (--lr)")
+    if opts.lr_srcs and opts.sample.lr_method is LrMethod.NONE:
+        raise BuildError("--hr-only stores no LR: leave out --lr")
     fp = fingerprint(pairs, opts)
     out = Output(opts, fp)
     outdir.refuse_dangerous(out.fs, out.root, opts.out)

@@ -39,10 +39,11 @@ class LrMethod(str, enum.Enum):
     MATLAB = ResizeMethod.MATLAB.value  # generated: MATLAB imresize on im2double input
     MATLAB_UINT8 = ResizeMethod.MATLAB_UINT8.value  # generated: MATLAB imresize on uint8 input
     PROVIDED = "provided"  # read from the LR folders given with --lr
+    NONE = "none"  # HR only (--hr-only): the stream makes LR per patch (SRDataset(lr="bicubic"))
 
     @property
     def resize(self) -> ResizeMethod | None:
-        return None if self is LrMethod.PROVIDED else ResizeMethod(self.value)
+        return None if self in (LrMethod.PROVIDED, LrMethod.NONE) else ResizeMethod(self.value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +80,9 @@ class SampleConfig:
             raise ValueError(f"min_valid must be a share in [0, 1], got {brief(self.min_valid)}")
         if not 0 <= self.png_level <= 9:
             raise ValueError(f"png level must be 0..9, got {self.png_level}")
-        if self.lr_method is not LrMethod.PROVIDED:
+        if self.lr_method is LrMethod.NONE:
+            object.__setattr__(self, "scales", ())
+        elif self.lr_method is not LrMethod.PROVIDED:
             if not self.scales or any(s < 2 for s in self.scales):
                 raise ValueError(f"scales must be integers >= 2, got {self.scales}")
 
@@ -195,6 +198,8 @@ def _lr_images(pair: Pair, hr: np.ndarray, cfg: SampleConfig) -> dict[int, tuple
                 raise InputError(url, f"LR is {describe_kind(lr)} (bit depth, channels) but HR is {describe_kind(hr)}")
             out[s] = (lr, rel)
         return out
+    if cfg.lr_method is LrMethod.NONE:
+        return out
     method = cfg.lr_method.resize
     assert method is not None
     if method is ResizeMethod.MATLAB_UINT8 and hr.dtype != np.uint8:
@@ -221,7 +226,7 @@ def tile_side(cfg: SampleConfig, hr_hw: tuple[int, int], scales: Sequence[int]) 
     if cfg.tiles == "off":
         return None
     if cfg.tiles == "auto":
-        return tl.tile_side(scales) if hr_hw[0] * hr_hw[1] > AUTO_TILE_PIXELS else None
+        return tl.tile_side(scales or (1,)) if hr_hw[0] * hr_hw[1] > AUTO_TILE_PIXELS else None
     side = int(cfg.tiles)
     if any(side % s for s in scales):  # provided LR: the scales come from the LR folders
         raise ValueError(f"--tiles {side} is not a multiple of every scale {list(scales)}")
@@ -258,6 +263,10 @@ def _region_images(
                 raise InputError(url, f"LR is {describe_kind(lr)} (bit depth, channels) but HR is {describe_kind(hr)}")
             lrs[s] = (lr, rel)
         return hr, lrs
+    if cfg.lr_method is LrMethod.NONE:  # HR only: a region sample is an image of its own
+        hr = src.read(r.y, r.x, r.h, r.w)
+        dropped = _dropped(pair, hr, cfg)
+        return (hr, {}) if dropped is None else dropped
     method = cfg.lr_method.resize
     assert method is not None
     m = 3 * max(cfg.scales)  # region_lr's margin at the largest scale

@@ -372,8 +372,10 @@ def top_fields(d: Any, where: str) -> dict[str, Any]:
     if members is None and codec not in CODECS:
         raise ManifestError(where, "codec", f"must be one of {', '.join(CODECS)}")
     scales = list_field(d["scales"], where, "scales")
-    if not scales:
-        raise ManifestError(where, "scales", "must not be empty")
+    if not scales and d.get("lr_method") != "none":
+        raise ManifestError(where, "scales", "must not be empty (an HR-only dataset has lr_method none)")
+    if scales and d.get("lr_method") == "none":
+        raise ManifestError(where, "scales", "must be empty for an HR-only dataset (lr_method none)")
     for i, s in enumerate(scales):
         int_field(s, where, f"scales[{i}]", 2, 16)
     if scales != sorted(set(scales)):

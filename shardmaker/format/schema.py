@@ -37,7 +37,7 @@ class ManifestError(ShardmakerError, ValueError):
 
 # ---- the schema ---------------------------------------------------------------------------------
 CODECS = ("png", "qoi")
-LR_METHODS = ("matlab", "matlab-uint8", "provided")
+LR_METHODS = ("matlab", "matlab-uint8", "provided", "none")  # none: HR only (shardmaker build --hr-only)
 MAX_SIDE = 1 << 20  # pixels per image side
 MAX_SHARD_BYTES = 1 << 46
 MAX_SAMPLES = 1 << 24  # per shard

@@ -1,5 +1,5 @@
 """Pixels: ``codecs`` (source images in, shard members out: PNG, QOI), ``png`` (our PNG writer and the
-libdeflate + libspng reader), ``resize`` (MATLAB-exact bicubic ``imresize``) and ``tiled`` (tiled
+libdeflate + libspng reader), ``resize`` (MATLAB-exact bicubic ``imresize``; ``crop_lr``: the LR of part of an image, bit-exact) and ``tiled`` (tiled
 members: an image cut into tiles, a region decoded from the tiles it touches), ``regions`` (large
 TIFF sources read region by region).
 
@@ -7,7 +7,7 @@ A public door of ``shardmaker``: ``wdsr`` uses the names below and nothing else 
 
 from shardmaker.imaging.codecs import Codec, ImageDataError, decode, encode, load_source
 from shardmaker.imaging.regions import TiffRegions, is_tiff
-from shardmaker.imaging.resize import ResizeMethod, downscale, upscale
+from shardmaker.imaging.resize import ResizeMethod, crop_lr, downscale, upscale
 from shardmaker.imaging.tiled import TiledImage, decode_region, encode_tiled, read_layout
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "ResizeMethod",
     "TiffRegions",
     "TiledImage",
+    "crop_lr",
     "decode",
     "decode_region",
     "downscale",

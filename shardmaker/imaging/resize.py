@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -178,3 +180,68 @@ def upscale(img: np.ndarray, factor: int, method: ResizeMethod = ResizeMethod.MA
     """Integer upscale as ``imresize(img, factor, 'bicubic')`` (used for bicubic baselines)."""
     h, w = img.shape[:2]
     return imresize(img, (h * factor, w * factor), (float(factor), float(factor)), method)
+
+
+# ---- the LR of part of an image ---------------------------------------------------------------
+BAND_PIXELS = 1 << 22  # HR pixels per band of crop_lr: its float64 passes then hold ~100 MB for RGB
+
+
+class _Box(NamedTuple):
+    y: int
+    x: int
+    h: int
+    w: int
+
+
+def crop_lr(
+    read: Callable[[int, int, int, int], np.ndarray],
+    image_hw: tuple[int, int],
+    box: tuple[int, int, int, int],
+    scale: int,
+    method: ResizeMethod = ResizeMethod.MATLAB,
+    band_pixels: int = BAND_PIXELS,
+) -> np.ndarray:
+    """The x``scale`` LR of the HR ``box`` = (y, x, h, w) of an image of ``image_hw``: the crop of
+    ``downscale(mod_crop(image))`` it covers, bit for bit, computed from the box and a margin of
+    ``3 * s`` HR pixels read through ``read(y, x, h, w)`` (never the whole image), in bands of about
+    ``band_pixels`` HR pixels, so the resize's float64 passes hold one band, not the box. The box
+    starts on the x``scale`` grid. Used for region samples (``shardmaker build --region``) and for LR
+    made per patch (``SRDataset(lr="bicubic")``)."""
+    region = _Box(*box)
+    s = scale
+    if region.y % s or region.x % s:
+        raise ValueError(f"region at ({region.x}, {region.y}) is not on the x{s} grid")
+    hc, wc = image_hw[0] // s * s, image_hw[1] // s * s  # the mod-cropped image the LR is made from
+    y1, x1 = min(region.y + region.h, hc), min(region.x + region.w, wc)
+    if y1 <= region.y or x1 <= region.x:
+        raise ValueError(f"region {region} has no x{s} LR in a {image_hw[1]}x{image_hw[0]} image")
+    lh = (y1 - region.y) // s
+    rows = max(1, band_pixels // (x1 - region.x) // s)  # LR rows per band
+    out: np.ndarray | None = None
+    for r0 in range(0, lh, rows):
+        r1 = min(lh, r0 + rows)
+        part = _band_lr(read, (hc, wc), (region.y + r0 * s, region.y + r1 * s), (region.x, x1), s, method)
+        if out is None:
+            out = np.empty((lh, *part.shape[1:]), part.dtype)
+        out[r0:r1] = part
+    assert out is not None
+    return out
+
+
+def _band_lr(
+    read: Callable[[int, int, int, int], np.ndarray],
+    crop_hw: tuple[int, int],
+    ys: tuple[int, int],
+    xs: tuple[int, int],
+    s: int,
+    method: ResizeMethod,
+) -> np.ndarray:
+    """LR rows ``ys // s`` x columns ``xs // s`` of the mod-cropped image ``crop_hw``, from those HR
+    pixels and a margin of ``3 * s`` (the bicubic kernel reaches ``2 * s + 1`` at ``1/s``) clipped to
+    the crop, so each LR pixel sees what it sees in the whole image, the mirroring at its border too."""
+    m = 3 * s
+    ty, tx = max(0, ys[0] - m), max(0, xs[0] - m)
+    by, bx = min(crop_hw[0], ys[1] + m), min(crop_hw[1], xs[1] + m)
+    lr = downscale(read(ty, tx, by - ty, bx - tx), s, method)
+    oy, ox = (ys[0] - ty) // s, (xs[0] - tx) // s
+    return lr[oy : oy + (ys[1] - ys[0]) // s, ox : ox + (xs[1] - xs[0]) // s]

@@ -151,6 +151,7 @@ class DecodedClip:
     tiled = False
     chw = False
     cacheable = False  # never kept in the decoded cache (its frames are decoded one by one)
+    lazy = True  # frames decoded as windows ask: a bad one is found when the k windows are first cut
 
     def __init__(self, raw: Any, meta: dict[str, Any], seg: Segment, scale: int, cc: ClipConfig, decode_frame: Any) -> None:
         self.shard, self.key, self.rep = raw.shard, raw.key, raw.rep
@@ -161,7 +162,7 @@ class DecodedClip:
         w, h = raw.hr_size or meta.get("hr_size") or (0, 0)
         self.lr_hw = (int(h) // scale, int(w) // scale)
 
-    def cut_windows(self, spec: Any, base: np.uint64, first: int, count: int) -> tuple[list[Window], int]:
+    def cut_own(self, spec: Any, base: np.uint64, first: int, count: int) -> tuple[list[Window], int]:
         """What ``cut_patches`` cuts from an image pair, for this segment: its windows ``first ..``."""
         return cut_windows(self, spec, self.cc, base, first, count)
 
@@ -171,6 +172,10 @@ class DecodedClip:
         if got is None:
             got = self._frames[t] = self._decode(t)
         return got
+
+    def release(self, t: int) -> None:
+        """Forget frame ``t``'s decoded pixels (a caller that keeps them itself: validation's chunks)."""
+        self._frames.pop(t, None)
 
     def sub_sample(self, t: int) -> tuple[Any, tuple[str, str], tuple[str, str]]:
         """Frame ``t`` as an image sample (``hr.ext``, ``lr_x{s}.ext`` and a json of their digests), the

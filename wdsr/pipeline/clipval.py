@@ -187,7 +187,7 @@ class _Frames:
                 cur = self._next_segment(f)
             t = f - cur.seg.first
             hr, lr = cur.frame(t)
-            cur._frames.pop(t, None)  # decoded once: held here until drop_below, not in the segment as well
+            cur.release(t)  # decoded once: held here until drop_below, not in the segment as well
             self.held[f] = (np.asarray(hr), np.asarray(lr))  # a tiled frame is read whole
         return self.held[f]
 

@@ -25,7 +25,7 @@ from shardmaker import imaging
 from shardmaker.format import JSON_MEMBER, TILED, Manifest, hr_member, lr_member, pair_fits
 from shardmaker.imaging import ImageDataError
 from wdsr.errors import SampleError
-from wdsr.pipeline import clips, tiled
+from wdsr.pipeline import bicubic, clips, tiled
 from wdsr.pipeline.read import RawSample
 
 
@@ -79,11 +79,15 @@ def clip_members(scale: int) -> frozenset[str]:
     return got
 
 
-def wanted_members(m: Manifest, scale: int) -> frozenset[str]:
+def wanted_members(m: Manifest, scale: int, lr_mode: str = "stored") -> frozenset[str]:
     """The members a sample is read with: HR, the x``scale`` LR and (our shards) ``{key}.json``; of a
-    clip dataset's sample, every frame's."""
+    clip dataset's sample, every frame's; with LR made per patch (``lr="bicubic"``), HR alone."""
     if is_clip_dataset(m):
         return clip_members(scale)
+    if lr_mode != "stored":
+        if m.members is not None:
+            return frozenset({m.members.hr})
+        return frozenset({JSON_MEMBER, hr_member(m.codec), hr_member(TILED)})
     hr, lr = m.member_names(scale)
     if m.members is not None:
         return frozenset({hr, lr})
@@ -244,6 +248,7 @@ def decode_pair(
     max_pixels: int = fmt.DEFAULT_MAX_PIXELS,
     kind: Kind | None = None,
     clip: clips.ClipConfig | None = None,
+    lr_mode: str = "stored",
 ) -> DecodedPair:
     """Check headers (sizes against the manifest, scale, ``max_pixels``, channels and depth against
     ``kind``) and digests, then decode the members ``names`` (HR, LR); every failure is a SampleError
@@ -278,6 +283,8 @@ def decode_pair(
                 check_digests(sub.shard, sub.key, sub.members, json.loads(sub.members["json"]), frame_names, Verify(verify))
 
         return clips.decode_clip(raw, meta, scale, clip, frame, check)  # type: ignore[return-value]
+    if lr_mode != "stored":
+        return _hr_only(raw, meta, hr_name, scale, Verify(verify), max_pixels, kind, lr_mode)  # type: ignore[return-value]
     if tiled.is_tiled(raw):
         return tiled.tiled_pair(raw, meta, scale, Verify(verify), kind)
     for name in (hr_name, lr_name):
@@ -295,3 +302,43 @@ def decode_pair(
     if kind is not None:
         kind.fix(raw.key, hr_head)
     return DecodedPair(raw.shard, raw.key, raw.rep, hr, lr, time.perf_counter_ns() - t1, t1 - t0)
+
+
+def _hr_only(
+    raw: RawSample, meta: dict[str, Any], hr_name: str, scale: int, verify: Verify, max_pixels: int, kind: Kind | None, mode: str
+) -> bicubic.BicubicPair:
+    """The HR image alone, checked (header: the manifest's size, ``max_pixels``, the kind; digest) and
+    decoded; its LR patches are made as they are cut (``lr="bicubic"``)."""
+    t0 = time.perf_counter_ns()
+
+    def fail(reason: str) -> SampleError:
+        return SampleError(raw.shard, raw.key, reason)
+
+    if raw.digests is None and tiled.is_tiled(raw):
+        raise fail("lr='bicubic' of a tiled sample is not there yet: build it without --tiles")
+    if raw.digests is None:
+        hr_name = next((n for n in raw.members if n.startswith("hr.")), hr_name)
+    if hr_name not in raw.members:
+        raise fail(f"no {hr_name} member")
+    try:
+        head = fmt.image_header(raw.members[hr_name], hr_name)
+    except fmt.HeaderError as exc:
+        raise fail(f"{hr_name}: {exc}") from None
+    if raw.hr_size is not None and (head.width, head.height) != tuple(raw.hr_size):
+        raise fail(f"HR header says {head.width}x{head.height}, the manifest says {raw.hr_size[0]}x{raw.hr_size[1]}")
+    if head.pixels > max_pixels:
+        raise fail(f"HR of {head.width}x{head.height} = {head.pixels} pixels is over max_pixels={max_pixels}")
+    if kind is not None:
+        kind.check(raw.shard, raw.key, hr_name, head)
+    if raw.digests is None:
+        check_digests(raw.shard, raw.key, raw.members, meta, (hr_name,), verify)
+    elif verify is not Verify.NONE and xxhash.xxh3_64_intdigest(raw.members[hr_name]) != raw.digests[hr_name]:
+        raise fail(f"{hr_name} does not match its xxh3_64 in the index (shard changed or corrupt)")
+    t1 = time.perf_counter_ns()
+    try:
+        hr = imaging.decode(raw.members[hr_name], hr_name, max_pixels)
+    except ImageDataError as exc:
+        raise fail(f"{hr_name}: {exc}") from None
+    if kind is not None:
+        kind.fix(raw.key, head)
+    return bicubic.BicubicPair(raw.shard, raw.key, raw.rep, hr, scale, bicubic.MODES[mode], time.perf_counter_ns() - t1, t1 - t0)

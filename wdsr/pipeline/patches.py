@@ -162,8 +162,9 @@ def cut(pair: DecodedPair, spec: PatchConfig, base: np.uint64, j: int, first: np
 
 def cut_patches(pair: DecodedPair, spec: PatchConfig, seed: int, epoch: int, first: int, count: int) -> tuple[list[Patch], int]:
     """Patches ``first .. first+count-1`` of this pair (j is offset by the plan's wrap count)."""
-    if hasattr(pair, "cut_windows"):  # a clip segment (wdsr.pipeline.clips): windows of frames, drawn alike
-        return pair.cut_windows(spec, draw_base(seed, epoch, pair.key), first, count)  # type: ignore[no-any-return]
+    own = getattr(pair, "cut_own", None)  # a clip segment's windows (pipeline.clips), LR made per patch (pipeline.bicubic)
+    if own is not None:
+        return own(spec, draw_base(seed, epoch, pair.key), first, count)  # type: ignore[no-any-return]
     out, rejected = [], 0
     base = draw_base(seed, epoch, pair.key)
     p = spec.patch_size // spec.scale

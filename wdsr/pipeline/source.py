@@ -8,6 +8,7 @@ import logging
 from collections.abc import Generator, Iterable
 
 from shardmaker.errors import OnError
+from shardmaker.format import Manifest, hr_member
 from wdsr.errors import SampleError
 from wdsr.pipeline.clips import ClipConfig
 from wdsr.pipeline.decode import DecodedPair, Kind, Verify, decode_pair, wanted_members
@@ -49,6 +50,7 @@ class Source:
     cache: DecodedCache | None = None  # node-wide decoded pairs (wdsr.store.decoded)
     kind: Kind | None = None  # what every sample decodes to (one object for all sources of a mix)
     clip: ClipConfig | None = None  # a clip dataset's windows (its samples are clip segments)
+    lr: str = "stored"  # or "bicubic" / "bicubic-uint8": LR made per patch from HR (pipeline.bicubic)
 
     def shard_name(self, index: int) -> str:
         return self.reader.manifest.shards[index].name
@@ -95,7 +97,8 @@ class Source:
 
     def _decoded(self, span: Span, worker: int, count: bool) -> Generator[DecodedPair | None, None, None]:
         manifest = self.reader.manifest
-        wanted, names = wanted_members(manifest, self.scale), manifest.member_names(self.scale)
+        wanted = wanted_members(manifest, self.scale, self.lr)
+        names = manifest.member_names(self.scale) if self.lr == "stored" else (_hr_name(manifest), "")
         pos = span.start
         while pos < span.stop:
             try:
@@ -103,7 +106,7 @@ class Source:
                     pos = raw.index + 1
                     self.stats.add(worker, samples=1, bytes_read=raw.nbytes, read_ns=raw.read_ns, **self.reader.take_counts())
                     try:
-                        pair = decode_pair(raw, names, self.scale, self.verify, self.max_pixels, self.kind, self.clip)
+                        pair = decode_pair(raw, names, self.scale, self.verify, self.max_pixels, self.kind, self.clip, self.lr)
                     except SampleError as exc:
                         if count:
                             self.errors(worker, exc)
@@ -128,6 +131,10 @@ class Source:
                 for _ in range(lost):
                     yield None
                 pos += lost
+
+
+def _hr_name(m: Manifest) -> str:
+    return m.members.hr if m.members is not None else hr_member(m.codec)
 
 
 class MixSource:

@@ -74,7 +74,7 @@ class TrainStream:
         err = None
         if lh < p or lw < p:
             err = SampleError(item.shard, item.key, f"LR {lw}x{lh} is smaller than the LR patch {p}x{p}")
-        elif item.tiled or hasattr(item, "cut_windows"):  # decodes (and keeps) the tiles or frames its patches or
+        elif item.tiled or getattr(item, "lazy", False):  # decodes (and keeps) the tiles or frames its patches or
             # windows touch, so a bad one is found here, where the policy decides; the cut then only copies
             t0 = time.perf_counter_ns()
             try:
