@@ -326,3 +326,26 @@ def test_an_index_on_s3_is_fetched_and_used(s3, tmp_path):
     assert isinstance(m.shards, colread.ShardTable)
     _same(m, mf.parse(big.dumps(), "json", compact=True))
     _same(pickle.loads(pickle.dumps(m)), m)  # a spawned worker fetches it again
+
+
+def test_too_small_and_sizes_from_the_index_equal_the_jsons(tmp_path):
+    """SRDataset's checks over every sample (the too-small count, the plan's shard sizes) read the
+    index's whole columns; they give what the entries of the JSON give."""
+    import numpy as np
+
+    import wdsr
+    from shardmaker import format as fmt
+    from tests.helpers import build_shards, photos, save
+    from wdsr.pipeline.patches import too_small
+
+    src = tmp_path / "src"
+    for i, p in enumerate(photos()):
+        save(src / f"p{i}.png", np.ascontiguousarray(p[: 200 + 40 * i, : 300]))
+    ds = build_shards(src, tmp_path / "ds", "--scale", "4", "--max-samples", "1")
+    indexed = fmt.load(str(ds), compact=True)
+    plain = fmt.load(str(ds), compact=True, index=False)
+    assert hasattr(indexed.shards, "hr_sizes") and not hasattr(plain.shards, "hr_sizes")
+    for patch in (48, 216, 256, 400):
+        assert too_small(indexed.shards, 4, patch) == too_small(plain.shards, 4, patch), patch
+    a = wdsr.SRDataset(str(ds), scale=4, patch_size=48)
+    assert a._sizes() == [sh.samples for sh in plain.shards] == [1, 1, 1, 1]

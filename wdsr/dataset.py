@@ -222,7 +222,8 @@ class SRDataset(IterableDataset):
         return self.requested_epoch or 0
 
     def _sizes(self) -> list[int]:
-        return [s.samples for s in self.manifest.shards]
+        per = getattr(self.manifest.shards, "samples_per_shard", None)  # a column index's table: no entry made
+        return per().tolist() if per is not None else [s.samples for s in self.manifest.shards]
 
     @property
     def epoch_samples(self) -> int:

@@ -93,6 +93,14 @@ class ShardTable(Sequence[ShardInfo]):
     def __len__(self) -> int:
         return self._n
 
+    def samples_per_shard(self) -> np.ndarray:
+        """Every shard's sample count, from the columns (no entry made)."""
+        return np.diff(self._c["starts"])
+
+    def hr_sizes(self) -> np.ndarray:
+        """Every sample's HR ``(w, h)``, ``[samples, 2]``, in shard order (a view of the mapped column)."""
+        return self._c["hr_sizes"]
+
     def name(self, i: int) -> str:
         at = self._c["name_at"]
         return self._c["names"][int(at[i]) : int(at[i + 1])].tobytes().decode()

@@ -109,6 +109,17 @@ def too_small(shards: Sequence[Any], scale: int, patch_size: int) -> tuple[int, 
     """From the manifest's HR sizes alone: how many samples of ``shards`` have an LR smaller than
     the LR patch, out of how many, and the first of them (key, LR ``(w, h)``)."""
     p = patch_size // scale
+    whole = getattr(shards, "hr_sizes", None)  # a column index's table: one pass over the mapped column
+    if whole is not None:
+        hr = np.asarray(whole())  # LR side hr // s < p exactly when hr < p * s: no widening copy of the column
+        small = np.flatnonzero(np.minimum(hr[:, 0], hr[:, 1]) < p * scale)
+        if not len(small):
+            return 0, len(hr), None, (0, 0)
+        at = int(small[0])
+        ends = np.cumsum(shards.samples_per_shard())
+        i = int(np.searchsorted(ends, at, side="right"))
+        first_key = shards[i].keys[at - (int(ends[i - 1]) if i else 0)]
+        return len(small), len(hr), first_key, (int(hr[at, 0]) // scale, int(hr[at, 1]) // scale)
     bad, total, first, first_lr = 0, 0, None, (0, 0)
     for sh in shards:
         hw = np.asarray(sh.hr_sizes, dtype=np.int64).reshape(-1, 2) // scale  # LR (w, h), the mod-crop dropped
