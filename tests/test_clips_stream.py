@@ -246,3 +246,26 @@ def test_clips_stream_from_s3_through_faults(clips, s3):
         assert ds.stats.totals()["retries"] >= 1
     finally:
         proxy.close()
+
+
+def test_a_mix_of_clip_datasets(clips, tmp_path):
+    """Two clip datasets streamed as one mix (weights): windows from both, equal batches per rank."""
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(clips, other)
+    (other / "manifest.json.idx").unlink(missing_ok=True)
+    doc = json.loads((other / "manifest.json").read_text())
+    doc["build"]["seed"] = 99  # another dataset (another manifest digest), the same clips
+    (other / "manifest.json").write_text(json.dumps(doc))
+    cc = ClipConfig(frames=3)
+    mix = wdsr.SRDataset([str(clips), str(other)], weights=[1, 2], epoch_samples=18, scale=4, patch_size=48,
+                         patches_per_image=2, batch_size=4, shuffle_buffer=8, clip=cc, return_keys=True)
+    lens = []
+    for rank in (0, 1):
+        m = wdsr.SRDataset([str(clips), str(other)], weights=[1, 2], epoch_samples=18, scale=4, patch_size=48,
+                           patches_per_image=2, batch_size=4, shuffle_buffer=8, clip=cc, world=World(rank, 2))
+        lens.append(sum(1 for _ in wdsr.make_loader(m, num_workers=0)))
+    assert lens[0] == lens[1] > 0
+    got = [lr for lr, _, _ in wdsr.make_loader(mix, num_workers=2)]
+    assert got and all(x.shape[1:] == (3, 3, 12, 12) for x in got)

@@ -147,7 +147,9 @@ def _check_clip_model(cfg: TrainConfig) -> None:
 
 # the DatasetConfig options a train config sets (the val set's tiles are val_tile; split is implied)
 # (the clip is set by the CLIP_KEYS)
-DATASET_KEYS = tuple(f.name for f in dataclasses.fields(DatasetConfig) if f.name not in ("split", "tile", "return_keys", "clip"))
+DATASET_KEYS = tuple(
+    f.name for f in dataclasses.fields(DatasetConfig) if f.name not in ("split", "tile", "return_keys", "clip", "lr")
+)  # "lr" is the learning rate here; SRDataset(lr="bicubic") is not a train setting yet
 # the train set's windows of frames (clip datasets): setting -> wdsr.ClipConfig field; on when clip_frames is set
 CLIP_KEYS = {"clip_frames": "frames", "clip_interval": "interval", "clip_window": "window", "clip_reverse": "reverse"}
 _CLIP_TYPES = {"clip_frames": "int", "clip_interval": "int", "clip_window": "ClipWindow", "clip_reverse": "float"}
