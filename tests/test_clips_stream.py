@@ -269,3 +269,23 @@ def test_a_mix_of_clip_datasets(clips, tmp_path):
     assert lens[0] == lens[1] > 0
     got = [lr for lr, _, _ in wdsr.make_loader(mix, num_workers=2)]
     assert got and all(x.shape[1:] == (3, 3, 12, 12) for x in got)
+
+
+def test_the_decoded_cache_keeps_clip_frames(clips, tmp_path):
+    """With decoded_cache=, a clip's frames are kept one entry each (``{segment}#f{t}``): the second
+    epoch maps them instead of decoding, and the batches are those of a run without the cache."""
+    cc = ClipConfig(frames=3, interval=(1, 2))
+    plain = _ds(clips, cc)
+    want = [_digests(plain, 2)[0]]
+    plain.set_epoch(1)
+    want.append(_digests(plain, 2)[0])
+    ds = _ds(clips, cc, decoded_cache=str(tmp_path / "cache"))
+    got = [_digests(ds, 2)[0]]
+    first = ds.stats.totals()
+    ds.set_epoch(1)
+    got.append(_digests(ds, 2)[0])
+    after = ds.stats.totals()
+    assert got == want
+    assert first["decoded_stores"] > 0 and after["decoded_hits"] - first["decoded_hits"] > 0
+    entries = list((tmp_path / "cache").rglob("*.pair"))
+    assert len(entries) == after["decoded_stores"]  # each frame stored once, by whichever epoch decoded it first

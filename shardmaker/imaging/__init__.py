@@ -1,7 +1,7 @@
 """Pixels: ``codecs`` (source images in, shard members out: PNG, QOI), ``png`` (our PNG writer and the
-libdeflate + libspng reader), ``resize`` (MATLAB-exact bicubic ``imresize``; ``crop_lr``: the LR of part of an image, bit-exact) and ``tiled`` (tiled
-members: an image cut into tiles, a region decoded from the tiles it touches), ``regions`` (large
-TIFF sources read region by region).
+libdeflate + libspng reader), ``resize`` (MATLAB-exact bicubic ``imresize``; ``crop_lr``: the LR of
+part of an image, bit-exact) and ``tiled`` (tiled members: an image cut into tiles, a region decoded
+from the tiles it touches), ``regions`` (large TIFF sources read region by region).
 
 A public door of ``shardmaker``: ``wdsr`` uses the names below and nothing else from here."""
 

@@ -157,8 +157,11 @@ class DecodedClip:
         self.shard, self.key, self.rep = raw.shard, raw.key, raw.rep
         self.seg, self.scale, self.cc, self._raw, self._meta = seg, scale, cc, raw, meta
         self._decode_frame = decode_frame  # (raw, names, meta) -> DecodedPair of one frame
-        self._frames: dict[int, tuple[Any, Any]] = {}
+        self._frames: dict[int, tuple[Any, Any, bool]] = {}  # t -> (HR, LR, planar: from the decoded cache)
         self.decode_ns = self.verify_ns = 0
+        self._cache: Any = None  # the node-wide decoded cache: decoded frames, one entry each
+        self._kind: tuple[Any, Any] = (None, None)
+        self.cache_hits = self.cache_stores = 0
         w, h = raw.hr_size or meta.get("hr_size") or (0, 0)
         self.lr_hw = (int(h) // scale, int(w) // scale)
 
@@ -166,12 +169,38 @@ class DecodedClip:
         """What ``cut_patches`` cuts from an image pair, for this segment: its windows ``first ..``."""
         return cut_windows(self, spec, self.cc, base, first, count)
 
-    def frame(self, t: int) -> tuple[Any, Any]:
-        """(HR, LR) of segment frame ``t``."""
+    def use_cache(self, cache: Any, channels: Any, bit_depth: Any) -> None:
+        """Frames come from (and, decoded, go to) the decoded cache, as ``{key}#f{t}`` entries
+        (:data:`wdsr.store.decoded.FRAME_SEP`), checked as any entry is (digest, shapes, kind)."""
+        self._cache, self._kind = cache, (channels, bit_depth)
+
+    def frame(self, t: int) -> tuple[Any, Any, bool]:
+        """(HR, LR, planar) of segment frame ``t``: H x W [x C] arrays, or C x H x W views of a
+        decoded-cache entry (``planar``)."""
         got = self._frames.get(t)
         if got is None:
-            got = self._frames[t] = self._decode(t)
+            got = self._cached(t) or self._decode(t)
+            self._frames[t] = got
         return got
+
+    def take_counts(self) -> dict[str, int]:
+        """Decoded-cache frame hits and stores since the last call (the stats' ``decoded_hits``, ``decoded_stores``)."""
+        out = {"decoded_hits": self.cache_hits, "decoded_stores": self.cache_stores}
+        self.cache_hits = self.cache_stores = 0
+        return out
+
+    def _cached(self, t: int) -> tuple[Any, Any, bool] | None:
+        if self._cache is None:
+            return None
+        from wdsr.store.decoded import FRAME_SEP
+
+        name = f"{self.key}{FRAME_SEP}f{t:04d}"
+        w, h = self._raw.hr_size or (0, 0)
+        hit = self._cache.lookup(name, (int(w), int(h)), *self._kind) if self._cache.has(name) else None
+        if hit is None:
+            return None
+        self.cache_hits += 1
+        return hit[0], hit[1], True
 
     def release(self, t: int) -> None:
         """Forget frame ``t``'s decoded pixels (a caller that keeps them itself: validation's chunks)."""
@@ -204,7 +233,7 @@ class DecodedClip:
             except SampleError as exc:
                 raise self.failed(t, exc, names, real) from None
 
-    def _decode(self, t: int) -> tuple[Any, Any]:
+    def _decode(self, t: int) -> tuple[Any, Any, bool]:
         sub, names, real = self.sub_sample(t)
         try:
             pair = self._decode_frame(sub, names)
@@ -214,20 +243,34 @@ class DecodedClip:
         self.verify_ns += pair.verify_ns
         if pair.lr_hw != self.lr_hw:
             raise SampleError(self.shard, self.key, f"frame {t}: LR {pair.lr_hw[1]}x{pair.lr_hw[0]}, frame 0's differs")
-        return pair.hr, pair.lr
+        if self._cache is not None and not pair.tiled:
+            from wdsr.store.decoded import FRAME_SEP
+
+            if self._cache.store(f"{self.key}{FRAME_SEP}f{t:04d}", pair.hr, pair.lr, *self._kind):
+                self.cache_stores += 1
+        return pair.hr, pair.lr, False
 
 
 class Window:
     """One window between its cut and its batch: per frame, the HR and LR crops, and the transform
     they share. ``write`` lays it out (T x) C x H x W into a batch's rows, as ``Patch.write`` does."""
 
-    __slots__ = ("_lr", "_hr", "t", "key", "j", "frames", "center")
-    planar = False  # crops copied out of decoded frames (never views of the decoded cache)
+    __slots__ = ("_lr", "_hr", "_planar", "t", "key", "j", "frames", "center")
+    planar = False  # as a whole: its frames' sources say each their own (views of decoded-cache entries, or crops)
 
     def __init__(
-        self, lr: list[np.ndarray], hr: list[np.ndarray], t: int, key: str, j: int, frames: list[int], center: bool
+        self,
+        lr: list[np.ndarray],
+        hr: list[np.ndarray],
+        t: int,
+        key: str,
+        j: int,
+        frames: list[int],
+        center: bool,
+        planar: tuple[list[bool], list[bool]] | None = None,
     ) -> None:
         self._lr, self._hr, self.t, self.key, self.j, self.frames, self.center = lr, hr, t, key, j, frames, center
+        self._planar = planar or ([False] * len(lr), [False] * len(hr))
 
     @property
     def dtype(self) -> np.dtype:
@@ -235,25 +278,26 @@ class Window:
 
     @property
     def lr_shape(self) -> tuple[int, ...]:
-        return (len(self._lr), *chw_shape(self._lr[0], self.t))
+        return (len(self._lr), *chw_shape(self._lr[0], self.t, self._planar[0][0]))
 
     @property
     def hr_shape(self) -> tuple[int, ...]:
-        one = chw_shape(self._hr[0], self.t)
+        one = chw_shape(self._hr[0], self.t, self._planar[1][0])
         return one if self.center else (len(self._hr), *one)
 
     def write(self, lr_out: np.ndarray, hr_out: np.ndarray) -> None:
         if lr_out.size != int(np.prod(self.lr_shape)) or hr_out.size != int(np.prod(self.hr_shape)) or self.dtype != hr_out.dtype:
             raise ValueError(f"windows of one batch differ: {self.lr_shape}/{self.hr_shape} after {lr_out.shape}/{hr_out.shape}")
         lr_out = lr_out.reshape(self.lr_shape)
+        lp, hp = self._planar
         for i, a in enumerate(self._lr):
-            write_chw(a, self.t, False, lr_out[i])
+            write_chw(a, self.t, lp[i], lr_out[i])
         if self.center:
-            write_chw(self._hr[0], self.t, False, hr_out.reshape(self.hr_shape))
+            write_chw(self._hr[0], self.t, hp[0], hr_out.reshape(self.hr_shape))
         else:
             hr_out = hr_out.reshape(self.hr_shape)
             for i, a in enumerate(self._hr):
-                write_chw(a, self.t, False, hr_out[i])
+                write_chw(a, self.t, hp[i], hr_out[i])
 
     @property
     def lr(self) -> np.ndarray:
@@ -323,17 +367,24 @@ def cut_windows(
                 f"a window of frames {lo}..{hi} does not lie in this segment (frames {seg.first}..{seg.first + seg.frames - 1}): "
                 f"windows spanning {cc.span} frames need a dataset built with --max-span {cc.span} or more",
             )
-        lrs, hrs = [], []
+        lrs, hrs, lp, hp = [], [], [], []
         for f in frames:
-            hr, lr = clip.frame(f - seg.first)
-            lrs.append(patch_source(lr[y : y + p, x : x + p], t))
+            hr, lr, planar = clip.frame(f - seg.first)
+            lrs.append(patch_source(_crop(lr, y, x, p, planar), t, planar))
+            lp.append(planar)
             if not center:
-                hrs.append(patch_source(hr[s * y : s * (y + p), s * x : s * (x + p)], t))
+                hrs.append(patch_source(_crop(hr, s * y, s * x, s * p, planar), t, planar))
+                hp.append(planar)
         if center:
-            hr, _ = clip.frame(frames[len(frames) // 2] - seg.first)
-            hrs.append(patch_source(hr[s * y : s * (y + p), s * x : s * (x + p)], t))
-        out.append(Window(lrs, hrs, t, clip.key, j, frames, center))
+            hr, _, planar = clip.frame(frames[len(frames) // 2] - seg.first)
+            hrs.append(patch_source(_crop(hr, s * y, s * x, s * p, planar), t, planar))
+            hp.append(planar)
+        out.append(Window(lrs, hrs, t, clip.key, j, frames, center, (lp, hp)))
     return out, 0
+
+
+def _crop(a: Any, y: int, x: int, n: int, planar: bool) -> Any:
+    return a[:, y : y + n, x : x + n] if planar else a[y : y + n, x : x + n]
 
 
 def decode_clip(raw: Any, meta: dict[str, Any], scale: int, cc: ClipConfig, decode_frame: Any, check_frame: Any) -> DecodedClip:

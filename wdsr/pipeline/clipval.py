@@ -186,8 +186,10 @@ class _Frames:
             while cur is None or f >= cur.seg.first + cur.seg.frames:
                 cur = self._next_segment(f)
             t = f - cur.seg.first
-            hr, lr = cur.frame(t)
+            hr, lr, planar = cur.frame(t)
             cur.release(t)  # decoded once: held here until drop_below, not in the segment as well
+            if planar:  # a decoded-cache entry's C x H x W views: as a decoded frame, H x W [x C]
+                hr, lr = (a[0] if a.shape[0] == 1 else a.transpose(1, 2, 0) for a in (hr, lr))
             self.held[f] = (np.asarray(hr), np.asarray(lr))  # a tiled frame is read whole
         return self.held[f]
 

@@ -116,7 +116,7 @@ def too_small(shards: Sequence[Any], scale: int, patch_size: int) -> tuple[int, 
         if not len(small):
             return 0, len(hr), None, (0, 0)
         at = int(small[0])
-        ends = np.cumsum(shards.samples_per_shard())
+        ends = np.cumsum(shards.samples_per_shard())  # type: ignore[attr-defined]
         i = int(np.searchsorted(ends, at, side="right"))
         first_key = shards[i].keys[at - (int(ends[i - 1]) if i else 0)]
         return len(small), len(hr), first_key, (int(hr[at, 0]) // scale, int(hr[at, 1]) // scale)

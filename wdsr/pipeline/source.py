@@ -115,6 +115,8 @@ class Source:
                         yield None
                         continue
                     self.stats.add(worker, decode_ns=pair.decode_ns, verify_ns=pair.verify_ns)
+                    if self.cache is not None and hasattr(pair, "use_cache"):  # a clip: its frames one entry each
+                        pair.use_cache(self.cache, *self._cache_kind())
                     # a tiled pair is decoded tile by tile, a clip frame by frame: neither is kept
                     cache = None if pair.tiled or not getattr(pair, "cacheable", True) else self.cache
                     if cache is not None and cache.store(pair.key, pair.hr, pair.lr, *self._cache_kind()):

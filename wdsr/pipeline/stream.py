@@ -81,7 +81,9 @@ class TrainStream:
                 cut_patches(item, self.spec, self.seed, self.epoch, item.rep * self.k, self.k)
             except SampleError as exc:
                 err = exc
-            self.src.stats.add(self.worker, patch_ns=time.perf_counter_ns() - t0, **tiled.take_reads(item))
+            counts = getattr(item, "take_counts", None)
+            more = counts() if counts is not None else {}
+            self.src.stats.add(self.worker, patch_ns=time.perf_counter_ns() - t0, **tiled.take_reads(item), **more)
         if err is None:
             return item
         if count or self.src.errors.on_error is OnError.FAIL:
@@ -111,6 +113,8 @@ class TrainStream:
             else:
                 run += 1
         reads = tiled.take_reads(pair)  # a tiled pair's tiles are read as its patches are cut
+        counts = getattr(pair, "take_counts", None)  # a clip's frames from (or to) the decoded cache
+        reads |= counts() if counts is not None else {}
         self.src.stats.add(self.worker, patches=len(out), rejected=rejected, patch_ns=time.perf_counter_ns() - t0, **reads)
         return out
 

@@ -131,6 +131,9 @@ def check_folder(path: str, create: bool = False) -> bool:
     return True
 
 
+FRAME_SEP = "#"  # a clip frame's entry: ``{segment key}#f{t:04d}`` (keys never hold "#")
+
+
 def _name(key: str, scale: int) -> str:
     return f"{hashlib.sha256(key.encode()).hexdigest()[:32]}-x{scale}.pair"
 
@@ -359,6 +362,7 @@ class DecodedCache:
     def admits(self, key: str, bytes_per_pixel: int) -> bool:
         if self.limit is None:
             return True
+        key = key.split(FRAME_SEP, 1)[0]  # a clip frame (``{segment}#f0003``) is in when its segment is
         if self._admitted is None or self._bpp != bytes_per_pixel:
             self._bpp = bytes_per_pixel
             self._admitted = self._subset(bytes_per_pixel)
