@@ -109,7 +109,7 @@ def main() -> None:
                 f"{build_s:.0f}",
                 f"{build_mb:.0f}",
                 f"{r.patches_per_s:.0f}",
-                f"{r.peak_rss_mb:.0f}",
+                f"{r.peak_rss_mb:.0f} / {r.peak_private_mb:.0f}",
             ]
         )
         data[name] = {
@@ -121,12 +121,13 @@ def main() -> None:
             "build_peak_rss_mb": build_mb,
             "patches_per_s": r.patches_per_s,
             "worker_peak_rss_mb": r.peak_rss_mb,
+            "worker_peak_private_mb": r.peak_private_mb,
         }
         print(rows[-1], flush=True)
     ratio = rates[args.side] / rates[10240]
     rows.append([f"**{args.side}^2 / 10240^2**", "", "", "", "", "", f"**{ratio:.2f}**", ""])
     data["ratio"] = ratio
-    head = ["image", "Gpx", "region samples x side", "shards GB", "build s", "build peak RSS MB", "patches/s", "worker peak RSS MB"]
+    head = ["image", "Gpx", "region samples x side", "shards GB", "build s", "build peak RSS MB", "patches/s", "worker peak RSS / private MB"]
     text = "\n".join([machine_line(), "", md_table(head, rows)])
     report(args.out, "slide_bench", text, data)
 

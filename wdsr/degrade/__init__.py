@@ -1,4 +1,18 @@
-"""LR made on the fly (planned; DESIGN.md section 7): exact bicubic per patch (``lr="bicubic"``) and
-real-world degradations (``wdsr.RealESRGANConfig``, ``wdsr.BSRGANConfig``, ``wdsr.Degrader``).
+"""Real-world degradations made on the device from uint8 HR patches (DESIGN.md section 7).
 
-Its stages hang off the pipeline's patch stage; nothing lives here yet."""
+The API a loader needs (see docs/degrade.md):
+
+    cfg = wdsr.RealESRGANConfig()                        # or wdsr.BSRGANConfig(); checked at construction
+    p = draw_params(cfg, rng, patch_size)                # worker: one sample, rng = numpy Generator
+    params = collate_params([p0, p1, ...])               # the batch: one tensor per key, rows = samples
+    lr, hr = wdsr.Degrader(cfg)(hr_uint8.cuda(), params)  # device: float32 (lr, hr)
+
+``draw_params`` takes every random number from ``rng`` (the pipeline seeds it from (seed, epoch, key, j)),
+builds the blur kernels there and returns a dict of small CPU tensors; the Degrader's noise comes from
+torch generators seeded by those parameters, so a sample's LR depends on its parameters alone.
+``Degrader(cfg, granularity="batch")`` is Real-ESRGAN's per-batch variant (row 0's per-batch draws)."""
+
+from wdsr.degrade.config import BSRGANConfig, RealESRGANConfig
+from wdsr.degrade.degrader import Degrader, collate_params, draw_params
+
+__all__ = ["BSRGANConfig", "Degrader", "RealESRGANConfig", "collate_params", "draw_params"]

@@ -125,7 +125,7 @@ class TrainConfig:
 
 def _check_clip_model(cfg: TrainConfig) -> None:
     """A video model trains on clips (windows of frames), an image model on patches; validation of clips
-    during training waits for ``split="val"`` of clip datasets (issue 27)."""
+    inside the training loop is not wired yet (``split="val"`` of clip datasets exists)."""
     clip = cfg.dataset.clip
     if cfg.model.video and clip is None:
         raise ConfigError(
@@ -140,8 +140,9 @@ def _check_clip_model(cfg: TrainConfig) -> None:
         )
     if clip is not None and cfg.val_data and cfg.val_every:
         raise ConfigError(
-            "--val-data: validation of clip datasets during training is not supported yet (issue 27); "
-            "leave --val-data unset or set --val-every 0"
+            "--val-data: validation of clip datasets inside wdsr train is not there yet; leave --val-data unset "
+            "or set --val-every 0, and validate checkpoints with SRDataset(url, split='val', clip=...) and "
+            "wdsr.pipeline.clipval.ClipMeter"
         )
 
 

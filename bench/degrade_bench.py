@@ -1,0 +1,121 @@
+"""Real-world degradations: what a worker pays per sample, and what the Degrader costs per batch.
+
+    .venv/bin/python -m bench.degrade_bench [--device cpu|cuda] [--batches 3]
+
+Worker: ``draw_params`` for one 256^2 sample (every draw and the three 21 x 21 kernels; target <= 1 ms),
+alone and with the per-sample ``numpy.random.default_rng([seed, epoch, key, j])`` the pipeline makes.
+Device: ``Degrader`` on a batch of 12 x 256^2 real-photo patches (Real-ESRGAN per sample and per batch,
+BSRGAN), then the Real-ESRGAN ops one by one on the same batch; the best of
+``--batches`` after a warm-up (robust to a shared machine), CUDA synchronised.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bench.common import machine_line, md_table, parser, real_photos, report
+from wdsr.degrade import BSRGANConfig, Degrader, RealESRGANConfig, collate_params, draw_params, ops
+from wdsr.degrade.jpeg import DiffJPEG
+
+B, SIZE = 12, 256
+
+
+def worker_us(cfg: RealESRGANConfig | BSRGANConfig, n: int = 2000) -> tuple[float, float]:
+    """Mean us per sample: draw_params given a generator, and generator creation + draw_params."""
+    rngs = [np.random.default_rng([0, 1, i, 0]) for i in range(n)]
+    t0 = time.perf_counter()
+    for r in rngs:
+        draw_params(cfg, r, SIZE)
+    given = (time.perf_counter() - t0) / n * 1e6
+    t0 = time.perf_counter()
+    for i in range(n):
+        draw_params(cfg, np.random.default_rng([0, 1, i, 0]), SIZE)
+    return given, (time.perf_counter() - t0) / n * 1e6
+
+
+def batch() -> torch.Tensor:
+    rng = np.random.default_rng(0)
+    pics = real_photos()
+    out = []
+    for i in range(B):
+        img = pics[i % len(pics)]
+        y, x = (int(v) for v in rng.integers(0, [img.shape[0] - SIZE, img.shape[1] - SIZE]))
+        out.append(torch.from_numpy(np.ascontiguousarray(img[y : y + SIZE, x : x + SIZE])).permute(2, 0, 1))
+    return torch.stack(out)
+
+
+def best_ms(fn: Callable[[], Any], device: torch.device, repeat: int) -> float:
+    def once() -> float:
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t0) * 1e3
+
+    once()
+    return min(once() for _ in range(repeat))
+
+
+def main() -> int:
+    ap = parser(__doc__)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batches", type=int, default=3)
+    ap.add_argument("--out", default="bench/out")
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    real, bsr = RealESRGANConfig(), BSRGANConfig()
+    work = [(name, *worker_us(cfg)) for name, cfg in (("Real-ESRGAN", real), ("BSRGAN", bsr))]
+    wtable = md_table(
+        ["model", "draw_params, us/sample", "+ default_rng, us/sample"], [(n, f"{a:.0f}", f"{b:.0f}") for n, a, b in work]
+    )
+
+    hr = batch().to(dev)
+    p_real = {
+        k: v.to(dev)
+        for k, v in collate_params([draw_params(real, np.random.default_rng([0, 1, i, 0]), SIZE) for i in range(B)]).items()
+    }
+    p_bsr = {
+        k: v.to(dev)
+        for k, v in collate_params([draw_params(bsr, np.random.default_rng([0, 1, i, 0]), SIZE) for i in range(B)]).items()
+    }
+    x = hr.float() / 255
+    usm, jpeg = ops.USMSharp().to(dev), DiffJPEG().to(dev)
+    gray = torch.zeros(B, device=dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    per_sample, per_batch = Degrader(real).to(dev), Degrader(real, "batch").to(dev)
+    bsrgan = Degrader(bsr).to(dev)
+    rows = [
+        ("Degrader Real-ESRGAN, per sample", lambda: per_sample(hr, p_real)),
+        ("Degrader Real-ESRGAN, per batch", lambda: per_batch(hr, p_real)),
+        ("Degrader BSRGAN (per sample)", lambda: bsrgan(hr, p_bsr)),
+        ("op: USM sharpening (51 x 51)", lambda: usm(x)),
+        ("op: filter2d, 21 x 21 per sample", lambda: ops.filter2d(x, p_real["kernel1"])),
+        ("op: DiffJPEG", lambda: jpeg(x, p_real["jpeg_quality"][:, 0])),
+        (
+            "op: Gaussian noise (draws + add)",
+            lambda: ops.gaussian_noise(x, p_real["noise_sigma"][:, 0], gray, *ops.normal_draws(x, gray, gen)),
+        ),
+        ("op: Poisson noise", lambda: ops.poisson_noise(x, p_real["poisson_scale"][:, 0], gray, gen)),
+        ("op: resize bicubic x0.5", lambda: ops.resize(x, "bicubic", scale=0.5)),
+    ]
+    dtable = md_table(
+        ["12 x 256^2 batch", f"ms ({dev.type}, {torch.get_num_threads()} threads)"],
+        [(n, f"{best_ms(f, dev, args.batches):.0f}") for n, f in rows],
+    )
+    report(
+        Path(args.out),
+        "degrade_bench",
+        f"{machine_line()}\n\nworker, one 256^2 sample, one thread:\n\n{wtable}\n\ndevice:\n\n{dtable}",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

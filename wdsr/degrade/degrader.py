@@ -1,0 +1,76 @@
+"""``Degrader(cfg)``: uint8 HR patches + per-sample parameters -> float32 ``(lr, hr)`` on their device."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from wdsr.degrade import bsrgan, realesrgan
+from wdsr.degrade.config import BSRGANConfig, RealESRGANConfig
+
+Params = dict[str, torch.Tensor]
+GRANULARITIES = ("sample", "batch")
+
+
+def draw_params(cfg: RealESRGANConfig | BSRGANConfig, rng: np.random.Generator, patch_size: int) -> Params:
+    """One sample's degradation parameters from ``rng`` (kernels built here, in the worker)."""
+    if isinstance(cfg, RealESRGANConfig):
+        return realesrgan.draw_params(cfg, rng, patch_size)
+    if isinstance(cfg, BSRGANConfig):
+        return bsrgan.draw_params(cfg, rng, patch_size)
+    raise TypeError(f"draw_params expects a RealESRGANConfig or BSRGANConfig, got {type(cfg).__name__}")
+
+
+def collate_params(samples: Sequence[Params]) -> Params:
+    """Per-sample parameter dicts -> one dict of batch tensors (a leading batch dimension per key)."""
+    if not samples:
+        raise ValueError("collate_params: no samples")
+    keys = samples[0].keys()
+    for i, s in enumerate(samples):
+        if s.keys() != keys:
+            raise ValueError(f"collate_params: sample {i} has keys {sorted(s)}, sample 0 {sorted(keys)}")
+    return {k: torch.stack([s[k] for s in samples]) for k in keys}
+
+
+class Degrader(torch.nn.Module):
+    """``forward(hr, params) -> (lr, hr)``: ``hr`` uint8 ``[B, 3, H, W]`` RGB, ``params`` the collated
+    :func:`draw_params` dicts. ``granularity="sample"`` applies each sample's own parameters (the
+    sharpening and first blur run batch-wide, a kernel per sample, the rest sample by sample);
+    ``"batch"`` takes the per-batch draws of Real-ESRGAN (resize scales and modes, noise kind, blur and
+    order flags, noise seeds) from row 0, as ``RealESRGANModel.feed_data`` draws them once per batch.
+    Runs in fp32 with autocast off and no autograd; the noise comes from generators seeded by the
+    parameters, on the batch's device."""
+
+    def __init__(self, cfg: RealESRGANConfig | BSRGANConfig, granularity: str = "sample") -> None:
+        super().__init__()
+        if granularity not in GRANULARITIES:
+            raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+        self.cfg = cfg
+        self.granularity = granularity
+        self.pipeline: realesrgan.RealESRGANPipeline | bsrgan.BSRGANPipeline
+        if isinstance(cfg, RealESRGANConfig):
+            self.pipeline = realesrgan.RealESRGANPipeline(cfg)
+        elif isinstance(cfg, BSRGANConfig):
+            if granularity == "batch":
+                raise ValueError("granularity='batch' is Real-ESRGAN's; BSRGAN degrades each sample on its own")
+            self.pipeline = bsrgan.BSRGANPipeline(cfg)
+        else:
+            raise TypeError(f"Degrader expects a RealESRGANConfig or BSRGANConfig, got {type(cfg).__name__}")
+
+    def _check(self, hr: torch.Tensor, params: Params) -> None:
+        if hr.dtype != torch.uint8 or hr.dim() != 4 or hr.shape[1] != 3:
+            raise ValueError(f"Degrader expects uint8 [B, 3, H, W] HR patches, got {hr.dtype} {tuple(hr.shape)}")
+        s = self.cfg.scale
+        if hr.shape[2] % s or hr.shape[3] % s:
+            raise ValueError(f"HR patch {tuple(hr.shape[2:])} is not a multiple of scale {s}")
+        for k, v in params.items():
+            if v.shape[0] != hr.shape[0]:
+                raise ValueError(f"params[{k!r}] has {v.shape[0]} rows for a batch of {hr.shape[0]}")
+
+    @torch.no_grad()
+    def forward(self, hr: torch.Tensor, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        self._check(hr, params)
+        with torch.autocast(device_type=hr.device.type, enabled=False):
+            return self.pipeline(hr.float() / 255.0, params, self.granularity)
