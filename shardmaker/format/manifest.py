@@ -592,13 +592,13 @@ def load(
     (``index=False``: from the JSON all the same)."""
     fs, root = storage.open_dir(url, storage_options)
     path = storage.join(root, name)
-    if compact and index:
-        from shardmaker.format.colread import open_indexed  # colread builds on this module
-
-        indexed = open_indexed(fs, path, storage_options)
-        if indexed is not None:
-            return indexed
     try:
+        if compact and index:
+            from shardmaker.format.colread import open_indexed  # colread builds on this module
+
+            indexed = open_indexed(fs, path, storage_options)
+            if indexed is not None:
+                return indexed
         raw = storage.read_bytes(fs, path)
     except FileNotFoundError:
         raise ManifestError(f"{url}: no {MANIFEST} (not a shard set, or its build did not finish)") from None
