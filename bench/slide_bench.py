@@ -95,6 +95,7 @@ def main() -> None:
         for i in range(count):
             write_slide(src / f"slide{side}-{i}.tif", side, 10 * side + i)
         write_s = time.perf_counter() - t0
+        count = len(list(src.glob("*.tif")))  # what the build reads (a folder left from another run may hold more)
         out = work / f"ds-{side}"
         build_s, build_mb = build(src, out)
         m = fmt.load(str(out))
