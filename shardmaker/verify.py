@@ -75,6 +75,50 @@ def _check_pair(
     return problems
 
 
+def _names(names: list[str], shown: int = 6) -> str:
+    """A list of member names, bounded: the first few and how many in all."""
+    return str(names) if len(names) <= shown else f"{names[:shown]} ... ({len(names)} in all)"
+
+
+MAX_CLIP_FRAMES = 1000  # frames of one clip segment (shardmaker.builder.clips.MAX_SEGMENT)
+
+
+def _check_clip(m: Manifest, key: str, members: dict[str, bytes], hr_size: Sequence[int], deep: bool) -> list[str]:
+    """A clip segment: its json's frame count, every frame's members in the order the build writes
+    them, each frame's kind; ``deep``: each frame checked as an image sample is (digests, headers,
+    decodes, HR = s x LR), one frame in memory at a time."""
+    try:
+        meta = json.loads(members.get("json", b""))
+    except (ValueError, RecursionError):
+        return ["json is not valid JSON"]
+    frames = meta.get("frames") if type(meta) is dict else None
+    if type(frames) is not int or not 1 <= frames <= MAX_CLIP_FRAMES:
+        return [f"json: frames must be an integer in [1, {MAX_CLIP_FRAMES}], got {str(frames)[:40]}"]
+    ext = TILED if f"hr_f0000.{TILED}" in members else m.codec
+    want = ["json"] + [n for t in range(frames) for n in [f"hr_f{t:04d}.{ext}"] + [f"lr_x{s}_f{t:04d}.{ext}" for s in m.scales]]
+    if list(members) != want:
+        return [f"members {_names(list(members))}, expected {_names(want)} (a clip segment of {frames} frames)"]
+    problems = []
+    digests = {d: meta.get(d) if isinstance(meta.get(d), dict) else {} for d in ("sha256", "xxh3_64")}
+    for t in range(frames):
+        real = [f"hr_f{t:04d}.{ext}"] + [f"lr_x{s}_f{t:04d}.{ext}" for s in m.scales]
+        plain = [mf.hr_member(ext)] + [mf.lr_member(s, ext) for s in m.scales]
+        kind = _kind_problem(m, members[real[0]], ext)
+        if kind is not None:
+            problems.append(f"frame {t}: {kind}")
+            continue
+        if not deep:
+            continue
+        sub_meta = {**meta, **{d: {p: digests[d].get(r) for p, r in zip(plain, real, strict=True)} for d in digests}}
+        sub = {"json": json.dumps(sub_meta).encode(), **{p: members[r] for p, r in zip(plain, real, strict=True)}}
+        check = _check_tiled if ext == TILED else _check_pair
+        for p in check(m, key, sub, hr_size):
+            for a, b in zip(plain, real, strict=True):
+                p = p.replace(a, b)
+            problems.append(f"frame {t}: {p}")
+    return problems
+
+
 def _check_tiled(m: Manifest, key: str, members: dict[str, bytes], hr_size: Sequence[int]) -> list[str]:
     """Deep checks of a sample stored as tiles: each member's layout, every tile's digest, header
     and decode, HR the manifest's size, every LR on the HR grid at its scale."""
@@ -142,6 +186,7 @@ def verify_shard(m: Manifest, info: ShardInfo, data: bytes, deep: bool) -> list[
     if m.members is not None:
         return problems + _verify_indexed(m, info, data, deep)
     want = _expected_members(m)
+    clips = isinstance(m.build.get("clips"), dict)  # shardmaker build --clips: a sample is a segment of frames
     seen = 0
     try:
         for i, (key, offset, members) in enumerate(tario.iter_samples(io.BytesIO(data), limit=len(data))):
@@ -153,9 +198,12 @@ def verify_shard(m: Manifest, info: ShardInfo, data: bytes, deep: bool) -> list[
                 problems.append(f"{where}: sample {i} is {key!r}, manifest says {info.keys[i]!r}")
             if offset != info.offsets[i]:
                 problems.append(f"{where} key {key!r}: starts at byte {offset}, manifest says {info.offsets[i]}")
+            if clips:
+                problems += [f"{where} key {key!r}: {p}" for p in _check_clip(m, key, members, info.hr_sizes[i], deep)]
+                continue
             tiled = list(members) == mf.sample_members(TILED, m.scales)  # an image stored as tiles
             if list(members) != want and not tiled:
-                problems.append(f"{where} key {key!r}: members {list(members)}, expected {want}")
+                problems.append(f"{where} key {key!r}: members {_names(list(members))}, expected {_names(want)}")
                 continue
             ext = TILED if tiled else m.codec
             kind = _kind_problem(m, members[mf.hr_member(ext)], ext)

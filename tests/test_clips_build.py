@@ -174,3 +174,27 @@ def test_bad_clips_are_named_or_skipped(capsys, tmp_path, scene):
     assert rc == 2 and "LR frames differ from the HR clip's (4 vs 5" in se, se
     rc, _, se = sm(capsys, "build", str(root), str(tmp_path / "d"), "--clips", "--segment", "4", "--max-span", "9")
     assert rc == 2 and "clips need 1 <= max_span <= segment" in se, se
+
+
+def test_verify_checks_clip_segments_frame_by_frame(capsys, tmp_path, scene):
+    from shardmaker.verify import verify
+    from tests.helpers import rewrite
+
+    root = tmp_path / "clips"
+    for t in range(1, 9):
+        save(root / "case1" / f"frame{t}.png", frame(scene, t))
+    whole = build_shards(root, tmp_path / "ds", "--clips", "--scale", "2,4", "--segment", "5", "--max-span", "3")
+    tiled = build_shards(root, tmp_path / "dt", "--clips", "--scale", "4", "--codec", "qoi", "--tiles", "32")
+    hr_only = build_shards(root, tmp_path / "dh", "--clips", "--hr-only")
+    for ds in (whole, tiled, hr_only):
+        assert verify(str(ds), progress=False) == [] and verify(str(ds), deep=True, progress=False) == [], ds
+    key = fmt.load(str(whole)).shards[0].keys[0]
+
+    def flip(name: str, data: bytes) -> tuple[str, bytes]:  # one byte of frame 1's x2 LR
+        if name == f"{key}.lr_x2_f0001.png":
+            data = data[:-20] + bytes([data[-20] ^ 1]) + data[-19:]
+        return name, data
+
+    rewrite(whole, 0, flip)
+    problems = verify(str(whole), deep=True, progress=False)
+    assert problems and all(key in p for p in problems) and "frame 1: lr_x2_f0001.png sha256 does not match" in problems[0], problems
