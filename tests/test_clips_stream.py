@@ -289,3 +289,16 @@ def test_the_decoded_cache_keeps_clip_frames(clips, tmp_path):
     assert first["decoded_stores"] > 0 and after["decoded_hits"] - first["decoded_hits"] > 0
     entries = list((tmp_path / "cache").rglob("*.pair"))
     assert len(entries) == after["decoded_stores"]  # each frame stored once, by whichever epoch decoded it first
+
+
+def test_elastic_resume_of_clip_windows(clips):
+    """A clip stream's state from a world of 2 resumes on a world of 1 (the rest of the epoch re-planned):
+    the same windows whatever the worker count of the new world, none handed out twice."""
+    cc = ClipConfig(frames=3, interval=(1, 2))
+    kw = dict(batch_size=1, shuffle_buffer=0)
+    first, state = _digests(_ds(clips, cc, World(0, 2), **kw), 1, stop=3)
+    other, _ = _digests(_ds(clips, cc, World(1, 2), **kw), 1, stop=3)
+    a, _ = _digests(_ds(clips, cc, World(0, 1), **kw), 1, state=state)
+    b, _ = _digests(_ds(clips, cc, World(0, 1), **kw), 2, state=state)
+    assert a and sorted(a) == sorted(b)
+    assert not (set(a) & set(first + other))  # nothing consumed before the change is handed out again
