@@ -314,6 +314,17 @@ def _tiles_rows(m: mf.Manifest) -> list[tuple[str, str]]:
         rows.append(
             ("regions", f"{reg.get('images')} image(s) larger than {reg.get('side')} px split into {reg.get('samples')} samples")
         )
+    clips = m.build.get("clips")
+    if isinstance(clips, dict):
+        rows.append(
+            (
+                "clips",
+                f"{clips.get('clips')} clip(s), {clips.get('frames')} frames, in {m.samples} segment sample(s) of at most "
+                f"{clips.get('segment')} frames (windows of up to {clips.get('max_span')} frames)",
+            )
+        )
+    if m.lr_method == "none":
+        rows.append(("LR", "none stored (--hr-only): stream with lr='bicubic'"))
     if m.build.get("dropped_count"):
         rows.append(("dropped", f"{m.build['dropped_count']} under --min-valid {m.build.get('min_valid')} (build.dropped)"))
     return rows

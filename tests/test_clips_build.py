@@ -188,6 +188,10 @@ def test_verify_checks_clip_segments_frame_by_frame(capsys, tmp_path, scene):
     hr_only = build_shards(root, tmp_path / "dh", "--clips", "--hr-only")
     for ds in (whole, tiled, hr_only):
         assert verify(str(ds), progress=False) == [] and verify(str(ds), deep=True, progress=False) == [], ds
+    rc, so, _ = sm(capsys, "info", str(whole))
+    assert rc == 0 and "clips      1 clip(s), 8 frames, in 2 segment sample(s) of at most 5 frames (windows of up to 3" in so, so
+    rc, so, _ = sm(capsys, "info", str(hr_only))
+    assert rc == 0 and "none stored (--hr-only)" in so, so
     key = fmt.load(str(whole)).shards[0].keys[0]
 
     def flip(name: str, data: bytes) -> tuple[str, bytes]:  # one byte of frame 1's x2 LR
