@@ -50,6 +50,7 @@ class TrainStream:
         self.total = len(self.samples) * k
         self._waiting: dict[int, list[int]] = {}  # sample -> its waiting js, at a resume
         self._ready: dict[int, Patch] = {}  # position -> patch, cut early for a waiting position
+        self._kept: tuple[DecodedPair, dict[int, Patch], int] | None = None  # a lazy pair's patches, cut to check it
 
     # ---- reading samples by slot index --------------------------------------------------------
     def _spans(self, i0: int, i1: int) -> list[Span]:
@@ -78,7 +79,9 @@ class TrainStream:
             # windows touch, so a bad one is found here, where the policy decides; the cut then only copies
             t0 = time.perf_counter_ns()
             try:
-                cut_patches(item, self.spec, self.seed, self.epoch, item.rep * self.k, self.k)
+                got, rejected = cut_patches(item, self.spec, self.seed, self.epoch, item.rep * self.k, self.k)
+                # kept for the own positions' cut that follows: the same patches, not cut (copied) twice
+                self._kept = (item, dict(zip(range(item.rep * self.k, (item.rep + 1) * self.k), got, strict=True)), rejected)
             except SampleError as exc:
                 err = exc
             counts = getattr(item, "take_counts", None)
@@ -101,6 +104,15 @@ class TrainStream:
     # ---- patches ---------------------------------------------------------------------------
     def _cut(self, pair: DecodedPair, indices: list[int]) -> list[Patch]:
         t0 = time.perf_counter_ns()
+        kept = self._kept
+        if kept is not None and kept[0] is not pair:
+            kept = self._kept = None  # another pair's: dropped
+        if kept is not None and all(j in kept[1] for j in indices):  # the own positions, cut by _usable already
+            self._kept = None
+            again = [kept[1][j] for j in indices]
+            rejected = kept[2] if len(again) == len(kept[1]) else 0
+            self.src.stats.add(self.worker, patches=len(again), rejected=rejected, patch_ns=time.perf_counter_ns() - t0)
+            return again
         out: list[Patch] = []
         rejected = 0
         run = 0
