@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -69,8 +70,22 @@ class Degrader(torch.nn.Module):
             if v.shape[0] != hr.shape[0]:
                 raise ValueError(f"params[{k!r}] has {v.shape[0]} rows for a batch of {hr.shape[0]}")
 
+    @property
+    def device(self) -> torch.device:
+        """Where the degradation runs: the module's (``Degrader(cfg).to("cuda")``)."""
+        return next(self.buffers()).device
+
     @torch.no_grad()
-    def forward(self, hr: torch.Tensor, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, hr: Any, params: Params | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``degrader(batch)`` with a batch of ``SRDataset(..., degrade=cfg)`` (``(hr, params)`` or
+        ``(hr, params, keys)``), or ``degrader(hr, params)``: both are moved to the module's device."""
+        if params is None:
+            if not isinstance(hr, (tuple, list)) or len(hr) not in (2, 3) or not isinstance(hr[1], dict):
+                raise TypeError("Degrader expects a batch (hr, params[, keys]) of SRDataset(..., degrade=...), or (hr, params)")
+            hr, params = hr[0], hr[1]
+        dev = self.device
+        hr = hr.to(dev, non_blocking=True)
+        params = {k: v.to(dev, non_blocking=True) for k, v in params.items()}
         self._check(hr, params)
-        with torch.autocast(device_type=hr.device.type, enabled=False):
+        with torch.autocast(device_type=dev.type, enabled=False):
             return self.pipeline(hr.float() / 255.0, params, self.granularity)
