@@ -91,6 +91,29 @@ def _check_types(c: DatasetConfig) -> None:
         raise ValueError(f"lr must be one of {', '.join(LR_MODES)}, got {brief(c.lr)}")
     if c.clip is not None and not isinstance(c.clip, ClipConfig):
         raise ValueError(f"clip must be a wdsr.ClipConfig, got {brief(c.clip)}")
+    if c.degrade is not None:
+        _check_degrade(c)
+
+
+def _check_degrade(c: DatasetConfig) -> None:
+    """``degrade=``: a wdsr.degrade config whose patch and scale are the dataset's, for training."""
+    d: Any = c.degrade
+    if isinstance(d, type) or type(d).__module__ != "wdsr.degrade.config":  # an instance of one of its configs
+        raise ValueError(f"degrade must be a wdsr.RealESRGANConfig or wdsr.BSRGANConfig (or None), got {brief(d)}")
+    name = type(d).__name__
+    if c.split is not Split.TRAIN:
+        raise ValueError("degrade= makes training pairs; validate on stored LR or lr='bicubic' (split='val' without degrade=)")
+    if c.lr != "stored":
+        raise ValueError(f"degrade= makes the LR on the device; lr='{c.lr}' is another way to make it: give one of them")
+    if c.clip is not None:
+        raise ValueError("degrade= of clip datasets is not there yet (degradations per frame)")
+    if c.scale != d.scale:
+        raise ValueError(f"scale={c.scale} but degrade={name}(scale={d.scale}): give the same scale to both")
+    if c.patch_size != d.gt_size:
+        raise ValueError(
+            f"patch_size={c.patch_size} but degrade={name}(gt_size={d.gt_size}): the HR patch is the degradation's "
+            f"input, give the same size to both (patch_size={d.gt_size})"
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -128,6 +151,8 @@ class DatasetConfig:
     clip: ClipConfig | None = None
     # LR: "stored" (the dataset's), or made per patch from HR MATLAB-exactly: "bicubic" (matlab), "bicubic-uint8"
     lr: str = "stored"
+    # degradations made on the device (wdsr.degrade): batches are (hr, params) for wdsr.Degrader(cfg)
+    degrade: Any = None
 
     def __post_init__(self) -> None:
         for name, kind in (("split", Split), ("on_error", OnError), ("verify", Verify), ("fetch", Fetch)):

@@ -107,7 +107,9 @@ class SRDataset(IterableDataset):
         kind = Kind.of(parts)  # one for all sources of a mix: their batches are stacked together
         sources = []
         for folder, m in parts:
-            if self.config.lr == "stored" and self.config.scale not in m.scales:
+            if self.config.degrade is not None:
+                _check_degrade_input(folder, m)
+            elif self.config.lr == "stored" and self.config.scale not in m.scales:
                 if not m.scales:
                     raise ValueError(f"{folder}: an HR-only dataset (shardmaker build --hr-only): stream it with lr='bicubic'")
                 raise ValueError(
@@ -125,8 +127,11 @@ class SRDataset(IterableDataset):
             reader = ShardReader(folder, m, storage_options, self.config.read_config())
             cache = self._decoded_cache(m, parts)
             c = self.config
-            cache = cache if c.lr == "stored" else None  # the decoded cache keeps stored pairs
-            sources.append(Source(reader, c.scale, c.verify, c.max_pixels, self.stats, errors, cache, kind, c.clip, c.lr))
+            cache = cache if c.lr == "stored" and c.degrade is None else None  # the decoded cache keeps stored pairs
+            lr = "degrade" if c.degrade is not None else c.lr
+            sources.append(
+                Source(reader, c.scale, c.verify, c.max_pixels, self.stats, errors, cache, kind, c.clip, lr, c.degrade)
+            )
         self.url = parts[0][0]  # the (first) dataset folder
         self.reader = sources[0].reader
         self.manifest, self._source, self.mix = _combine(parts, sources, weights, epoch_samples)
@@ -335,6 +340,16 @@ class Mix:
     sizes: tuple[tuple[int, ...], ...]
     counts: tuple[int, ...]
     weights: tuple[float, ...] | None
+
+
+def _check_degrade_input(folder: str, m: fmt.Manifest) -> None:
+    """What the manifest says of a dataset's images, against what a Degrader takes (8-bit RGB)."""
+    if m.channels is not None and m.channels != 3:
+        raise ValueError(f"{folder}: degrade= takes RGB images; this dataset's have {m.channels} channel(s)")
+    if m.bit_depth is not None and m.bit_depth != 8:
+        raise ValueError(f"{folder}: degrade= takes 8-bit images; this dataset's are {m.bit_depth}-bit")
+    if is_clip_dataset(m):
+        raise ValueError(f"{folder}: a clip dataset; degrade= of clips is not there yet")
 
 
 def _dataset_identity(url: str) -> str:

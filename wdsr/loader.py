@@ -14,6 +14,7 @@ from shardmaker import compat
 from wdsr import env, state
 from wdsr.dataset import Split, SRDataset
 from wdsr.errors import SampleError
+from wdsr.pipeline.degraded import as_batch
 from wdsr.pipeline.handoff import BatchPool, is_slot
 from wdsr.pipeline.plan import Span
 from wdsr.pipeline.worker import tune_malloc, worker_init
@@ -133,7 +134,7 @@ class SRLoader(DataLoader):
         try:
             for item in inner:
                 self._position += 1
-                yield pool.take(item, pin) if pool is not None and is_slot(item) else item
+                yield as_batch(pool.take(item, pin) if pool is not None and is_slot(item) else item)
         finally:
             if not self.persistent_workers and hasattr(inner, "_shutdown_workers"):
                 inner._shutdown_workers()

@@ -18,6 +18,7 @@ MIX_SOURCE_ORDER = 0x4D49  # a mix source's own shard order
 MIX_SEGMENT_ORDER = 0x5345  # the order of a mix's segments (sources interleaved)
 SHUFFLE = 0x5348  # a worker slot's shuffle buffer
 ELASTIC_SHUFFLE = 0x454C  # the shuffle buffer of a slot of an epoch re-planned over a new world
+DEGRADE = 0x4447  # one patch's degradation parameters (SRDataset(..., degrade=cfg))
 
 
 def shard_order(seed: int, epoch: int) -> np.random.Generator:
@@ -40,6 +41,11 @@ def shuffle(seed: int, epoch: int, rank: int, worker: int) -> np.random.Generato
 
 def elastic_shuffle(seed: int, epoch: int, rank: int, worker: int) -> np.random.Generator:
     return np.random.default_rng([seed, epoch, rank, worker, ELASTIC_SHUFFLE])
+
+
+def degrade(base: np.uint64, j: int) -> np.random.Generator:
+    """Patch ``j``'s degradation parameters, from its sample's :func:`patch_base` (seed, epoch, key)."""
+    return np.random.default_rng([int(base), j, DEGRADE])
 
 
 def key_hash(key: str) -> int:

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from wdsr import env
+from wdsr.pipeline.degraded import ParamRows, as_batch, param_rows
 from wdsr.pipeline.elastic import ChunkStream
 from wdsr.pipeline.handoff import BatchPool, SlotRef, write_rows
 from wdsr.pipeline.patches import Patch
@@ -42,11 +43,14 @@ def train_batches(
         if len(batch) == batch_size:
             t1 = time.perf_counter_ns()
             keys = [p.key for p in batch] if return_keys else None
+            params = param_rows(batch)  # degrade=: the patches' degradation parameters
             out: SlotRef | tuple[Any, ...] | None = None
             if pool is not None and in_worker:
-                out = pool.put_patches(worker, batch, keys)
+                out = pool.put_patches(worker, batch, keys, params)
             if out is None:
-                out = collate(batch, return_keys)
+                out = collate(batch, return_keys, params)
+                if not in_worker:
+                    out = as_batch(out)
             batch = []
             t2 = time.perf_counter_ns()
             stats.add(worker, batches=1, busy_ns=t2 - t0, patch_ns=t2 - t1)  # patch_ns: each patch's cut and its write
@@ -54,11 +58,12 @@ def train_batches(
             t0 = time.perf_counter_ns()
 
 
-def collate(patches: Sequence[Patch], return_keys: bool = False) -> tuple[Any, ...]:
-    """Patches into new ``lr [B,C,p,p]``, ``hr [B,C,sp,sp]`` tensors (where no slot pool is)."""
+def collate(patches: Sequence[Patch], return_keys: bool = False, params: ParamRows | None = None) -> tuple[Any, ...]:
+    """Patches into new ``lr [B,C,p,p]``, ``hr [B,C,sp,sp]`` tensors (where no slot pool is);
+    with degradation ``params`` (``degrade=``), ``(hr, params)``."""
     first = patches[0]
     lr = np.empty((len(patches),) + first.lr_shape, dtype=first.dtype)
     hr = np.empty((len(patches),) + first.hr_shape, dtype=first.dtype)
     write_rows(patches, lr, hr)
-    out = (torch.from_numpy(lr), torch.from_numpy(hr))
+    out: tuple[Any, ...] = (torch.from_numpy(lr), torch.from_numpy(hr)) if params is None else (torch.from_numpy(hr), params)
     return (*out, [p.key for p in patches]) if return_keys else out

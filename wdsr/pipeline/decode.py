@@ -249,6 +249,7 @@ def decode_pair(
     kind: Kind | None = None,
     clip: clips.ClipConfig | None = None,
     lr_mode: str = "stored",
+    degrade: Any = None,
 ) -> DecodedPair:
     """Check headers (sizes against the manifest, scale, ``max_pixels``, channels and depth against
     ``kind``) and digests, then decode the members ``names`` (HR, LR); every failure is a SampleError
@@ -284,7 +285,7 @@ def decode_pair(
 
         return clips.decode_clip(raw, meta, scale, clip, frame, check)  # type: ignore[return-value]
     if lr_mode != "stored":
-        return _hr_only(raw, meta, hr_name, scale, Verify(verify), max_pixels, kind, lr_mode)  # type: ignore[return-value]
+        return _hr_only(raw, meta, hr_name, scale, Verify(verify), max_pixels, kind, lr_mode, degrade)  # type: ignore[return-value]
     if tiled.is_tiled(raw):
         return tiled.tiled_pair(raw, meta, scale, Verify(verify), kind)
     for name in (hr_name, lr_name):
@@ -305,17 +306,36 @@ def decode_pair(
 
 
 def _hr_only(
-    raw: RawSample, meta: dict[str, Any], hr_name: str, scale: int, verify: Verify, max_pixels: int, kind: Kind | None, mode: str
-) -> bicubic.BicubicPair:
+    raw: RawSample,
+    meta: dict[str, Any],
+    hr_name: str,
+    scale: int,
+    verify: Verify,
+    max_pixels: int,
+    kind: Kind | None,
+    mode: str,
+    degrade: Any,
+) -> Any:
     """The HR image alone, checked (header: the manifest's size, ``max_pixels``, the kind; digest) and
-    decoded; its LR patches are made as they are cut (``lr="bicubic"``)."""
+    decoded (tiled: lazily, tile by tile); its LR patches are made as they are cut (``lr="bicubic"``),
+    or on the device (``mode="degrade"``: its patches carry their degradation parameters)."""
     t0 = time.perf_counter_ns()
 
     def fail(reason: str) -> SampleError:
         return SampleError(raw.shard, raw.key, reason)
 
-    if raw.digests is None and tiled.is_tiled(raw):
-        raise fail("lr='bicubic' of a tiled sample is not there yet: build it without --tiles")
+    def pair(hr: Any, decode_ns: int, verify_ns: int) -> Any:
+        if mode == "degrade":
+            from wdsr.pipeline import degraded  # it cuts patches (pipeline.patches imports this module)
+
+            return degraded.DegradePair(raw.shard, raw.key, raw.rep, hr, scale, degrade, decode_ns, verify_ns)
+        return bicubic.BicubicPair(raw.shard, raw.key, raw.rep, hr, scale, bicubic.MODES[mode], decode_ns, verify_ns)
+
+    if tiled.is_tiled(raw):
+        hr_tiles = tiled.tiled_hr(raw, meta, verify, kind)
+        if hr_tiles.shape[0] * hr_tiles.shape[1] > max_pixels:
+            raise fail(f"HR of {hr_tiles.shape[1]}x{hr_tiles.shape[0]} pixels is over max_pixels={max_pixels}")
+        return pair(hr_tiles, 0, time.perf_counter_ns() - t0)
     if raw.digests is None:
         hr_name = next((n for n in raw.members if n.startswith("hr.")), hr_name)
     if hr_name not in raw.members:
@@ -341,4 +361,4 @@ def _hr_only(
         raise fail(f"{hr_name}: {exc}") from None
     if kind is not None:
         kind.fix(raw.key, head)
-    return bicubic.BicubicPair(raw.shard, raw.key, raw.rep, hr, scale, bicubic.MODES[mode], time.perf_counter_ns() - t1, t1 - t0)
+    return pair(hr, time.perf_counter_ns() - t1, t1 - t0)

@@ -33,6 +33,7 @@ class SlotRef:
     hr_shape: tuple[int, ...]
     dtype: str
     keys: list[str] | None
+    params: Any = None  # degrade=: the batch's degradation parameters (numpy, pickled with the reference)
 
 
 _DTYPES = {"uint8": (np.uint8, torch.uint8), "uint16": (np.uint16, torch.uint16)}
@@ -77,7 +78,7 @@ class BatchPool:
         nbytes = (int(np.prod(lr_shape)) + int(np.prod(hr_shape))) * dtype.itemsize
         return nbytes <= self.slot_bytes and dtype.name in _DTYPES
 
-    def put_patches(self, worker: int, patches: Sequence[Writable], keys: list[str] | None) -> SlotRef | None:
+    def put_patches(self, worker: int, patches: Sequence[Writable], keys: list[str] | None, params: Any = None) -> SlotRef | None:
         """Write patches straight into a free slot of ``worker`` (each patch's one copy); None when
         none is free or they do not fit."""
         first = patches[0]
@@ -93,7 +94,7 @@ class BatchPool:
         except BaseException:
             self._busy[index] = 0
             raise
-        return SlotRef(self.token, index, lr_shape, hr_shape, dtype.name, keys)
+        return SlotRef(self.token, index, lr_shape, hr_shape, dtype.name, keys, params)
 
     def take(self, ref: SlotRef, pin: bool) -> tuple[Any, ...]:
         """The trainer side: the batch's tensors. Pinned: copied out into pinned memory and the
@@ -109,7 +110,7 @@ class BatchPool:
             lr, hr = self._rows(index, np.dtype(np_t), tuple(lr_shape), tuple(hr_shape))
             _lend(self._busy, index, (lr, hr))
             lr_t, hr_t = torch.from_numpy(lr), torch.from_numpy(hr)
-            return (lr_t, hr_t) if keys is None else (lr_t, hr_t, list(keys))
+            return _batch(lr_t, hr_t, keys, ref.params)
         view, out, at = self._view(index), [], 0
         for shape in (lr_shape, hr_shape):
             t = torch.empty(tuple(shape), dtype=torch_t, pin_memory=pin)
@@ -119,7 +120,13 @@ class BatchPool:
             at += nbytes
             out.append(t)
         self._busy[index] = 0
-        return (out[0], out[1]) if keys is None else (out[0], out[1], list(keys))
+        return _batch(out[0], out[1], keys, ref.params)
+
+
+def _batch(lr: torch.Tensor, hr: torch.Tensor, keys: list[str] | None, params: Any) -> tuple[Any, ...]:
+    """``(lr, hr[, keys])``; with degradation parameters (``degrade=``: no LR yet) ``(hr, params[, keys])``."""
+    out: tuple[Any, ...] = (lr, hr) if params is None else (hr, params)
+    return out if keys is None else (*out, list(keys))
 
 
 def _lend(busy: np.ndarray, index: int, arrays: tuple[np.ndarray, ...]) -> None:

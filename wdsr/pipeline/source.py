@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Generator, Iterable
+from typing import Any
 
 from shardmaker.errors import OnError
 from shardmaker.format import Manifest, hr_member
@@ -51,6 +52,7 @@ class Source:
     kind: Kind | None = None  # what every sample decodes to (one object for all sources of a mix)
     clip: ClipConfig | None = None  # a clip dataset's windows (its samples are clip segments)
     lr: str = "stored"  # or "bicubic" / "bicubic-uint8": LR made per patch from HR (pipeline.bicubic)
+    degrade: Any = None  # a wdsr.degrade config: HR patches + their parameters (pipeline.degraded), lr "degrade"
 
     def shard_name(self, index: int) -> str:
         return self.reader.manifest.shards[index].name
@@ -106,7 +108,9 @@ class Source:
                     pos = raw.index + 1
                     self.stats.add(worker, samples=1, bytes_read=raw.nbytes, read_ns=raw.read_ns, **self.reader.take_counts())
                     try:
-                        pair = decode_pair(raw, names, self.scale, self.verify, self.max_pixels, self.kind, self.clip, self.lr)
+                        pair = decode_pair(
+                            raw, names, self.scale, self.verify, self.max_pixels, self.kind, self.clip, self.lr, self.degrade
+                        )
                     except SampleError as exc:
                         if count:
                             self.errors(worker, exc)

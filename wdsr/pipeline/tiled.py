@@ -38,7 +38,7 @@ def is_tiled(raw: RawSample) -> bool:
 def tiled_pair(raw: RawSample, meta: dict[str, Any], scale: int, verify: Verify, kind: Kind | None) -> DecodedPair:
     """The sample's HR and x``scale`` LR as :class:`TiledImage` (HR viewed cropped to exactly
     ``scale`` x LR), every header, index and pairing rule checked first; failures are SampleErrors."""
-    from wdsr.pipeline.decode import DecodedPair, Verify
+    from wdsr.pipeline.decode import DecodedPair
 
     t0 = time.perf_counter_ns()
     names = (HR_TILED, lr_member(scale, TILED))
@@ -66,6 +66,45 @@ def tiled_pair(raw: RawSample, meta: dict[str, Any], scale: int, verify: Verify,
     head = fmt.ImageHeader(hr.width, hr.height, hr.channels, hr.bit_depth)
     if kind is not None:
         kind.check(raw.shard, raw.key, names[0], head)
+    per_tile = _check_tiles(raw, meta, names, layouts, verify)
+    hr_img = _Tiles(raw, names[0], layouts[0], (scale * lr.height, scale * lr.width), per_tile)
+    lr_img = _Tiles(raw, names[1], layouts[1], None, per_tile)
+    if kind is not None:
+        kind.fix(raw.key, head)
+    return DecodedPair(raw.shard, raw.key, raw.rep, hr_img, lr_img, 0, time.perf_counter_ns() - t0)  # type: ignore[arg-type]
+
+
+def tiled_hr(raw: RawSample, meta: dict[str, Any], verify: Verify, kind: Kind | None) -> TiledImage:
+    """The sample's tiled HR alone (LR made from it: ``lr="bicubic"``, ``degrade=``), its header,
+    index and tiles checked as :func:`tiled_pair` checks them."""
+    names = (HR_TILED,)
+    try:
+        layouts = [read_layout(raw.members[HR_TILED])]
+    except fmt.TileFormatError as exc:
+        raise SampleError(raw.shard, raw.key, f"{HR_TILED}: {exc}") from None
+    hr = layouts[0][0]
+    if raw.hr_size is not None and (hr.width, hr.height) != tuple(raw.hr_size):
+        raise SampleError(
+            raw.shard, raw.key, f"{HR_TILED} says {hr.width}x{hr.height}, the manifest says {raw.hr_size[0]}x{raw.hr_size[1]}"
+        )
+    head = fmt.ImageHeader(hr.width, hr.height, hr.channels, hr.bit_depth)
+    if kind is not None:
+        kind.check(raw.shard, raw.key, HR_TILED, head)
+    per_tile = _check_tiles(raw, meta, names, layouts, verify)
+    img = _Tiles(raw, HR_TILED, layouts[0], None, per_tile)
+    if kind is not None:
+        kind.fix(raw.key, head)
+    return img
+
+
+def _check_tiles(raw: RawSample, meta: dict[str, Any], names: tuple[str, ...], layouts: list[Any], verify: Verify) -> bool:
+    """Members ``names`` checked before any tile is decoded (sha256: whole; in memory or read from
+    a local file: every tile's header, in memory its digest too); whether tiles are checked as read."""
+    from wdsr.pipeline.decode import Verify
+
+    def fail(reason: str) -> SampleError:
+        return SampleError(raw.shard, raw.key, reason)
+
     if verify is Verify.SHA256:
         for name in names:
             want = (meta.get("sha256") or {}).get(name)
@@ -86,11 +125,7 @@ def tiled_pair(raw: RawSample, meta: dict[str, Any], scale: int, verify: Verify,
                     fmt.tiles.check_tile(h, i, member.read(off, min(n, fmt.tiles.TILE_HEAD_BYTES)))
         except (fmt.TileFormatError, OSError) as exc:
             raise fail(f"{name}: {exc}") from None
-    hr_img = _Tiles(raw, names[0], layouts[0], (scale * lr.height, scale * lr.width), per_tile)
-    lr_img = _Tiles(raw, names[1], layouts[1], None, per_tile)
-    if kind is not None:
-        kind.fix(raw.key, head)
-    return DecodedPair(raw.shard, raw.key, raw.rep, hr_img, lr_img, 0, time.perf_counter_ns() - t0)  # type: ignore[arg-type]
+    return per_tile
 
 
 class _Tiles(TiledImage):
@@ -135,7 +170,8 @@ def take_reads(pair: DecodedPair) -> dict[str, int]:
     """The stats of the tile reads of a tiled pair since the last call: ``bytes_read``, ``read_ns``."""
     if not pair.tiled:
         return {}
-    images: tuple[Any, ...] = (pair.hr, pair.lr)
+    own = getattr(pair, "tile_images", None)  # LR made per patch: HR alone (never the whole LR)
+    images: tuple[Any, ...] = own() if own is not None else (pair.hr, pair.lr)
     got = [img.take_reads() for img in images if isinstance(img, _Tiles)]
     return {"bytes_read": sum(b for b, _ in got), "read_ns": sum(ns for _, ns in got)}
 

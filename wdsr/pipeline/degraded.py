@@ -1,0 +1,140 @@
+"""HR patches for degradations made on the device (``SRDataset(url, degrade=wdsr.RealESRGANConfig())``).
+
+The workers decode HR alone (a dataset's stored LR is not read; HR-only datasets work), cut each
+sample's k HR patches at the positions the stored LR would give them (the same draws on the same LR
+grid), and draw every patch's degradation parameters (its blur kernels built there) from a generator
+of its own, ``seeds.degrade(patch_base(seed, epoch, key), j)``: a patch's parameters depend on the
+seed, the epoch, its sample and ``j`` alone, never on the worker, the world or where a pass resumed.
+A batch is ``(hr, params)`` (``(hr, params, keys)`` with ``return_keys``): ``hr`` uint8 ``[B, 3, P, P]``,
+``params`` one tensor per key with a row per patch; ``wdsr.Degrader(cfg)(batch)`` makes ``(lr, hr)``.
+
+Between the workers and the loader the parameters travel as numpy arrays in a :class:`ParamRows`
+(pickled with the batch's slot number: no shared-memory segment per tensor); the loader hands out tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from wdsr import seeds
+from wdsr.errors import SampleError
+from wdsr.pipeline.augment import N_DIHEDRAL, chw_shape, patch_source, write_chw
+from wdsr.pipeline.patches import Patch
+
+
+class HRPatch(Patch):
+    """An HR patch and its degradation parameters (numpy arrays); its LR is made on the device."""
+
+    __slots__ = ("params",)
+
+    def __init__(self, hr: np.ndarray, t: int, key: str, j: int, params: dict[str, np.ndarray]) -> None:
+        super().__init__(hr[:0, :0], hr, t, False, key, j)
+        self.params = params
+
+    @property
+    def lr_shape(self) -> tuple[int, int, int]:
+        return (chw_shape(self._hr, self.t, False)[0], 0, 0)
+
+    def write(self, lr_out: np.ndarray, hr_out: np.ndarray) -> None:
+        hr = self._hr
+        if hr.size != hr_out.size or hr.dtype != hr_out.dtype:
+            raise ValueError(f"patches of one batch differ: {self.hr_shape} {hr.dtype} after {hr_out.shape} {hr_out.dtype}")
+        write_chw(hr, self.t, False, hr_out)
+
+    @property
+    def lr(self) -> np.ndarray:
+        return np.empty(self.lr_shape, dtype=self.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamRows:
+    """A batch's degradation parameters as numpy arrays (a dataclass: the DataLoader passes it untouched)."""
+
+    arrays: dict[str, np.ndarray]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {k: torch.from_numpy(v) for k, v in self.arrays.items()}
+
+
+def param_rows(patches: Sequence[Patch]) -> ParamRows | None:
+    """The parameters of a batch of :class:`HRPatch` stacked per key (None for other patches)."""
+    first = patches[0]
+    if not isinstance(first, HRPatch):
+        return None
+    rows = [p.params for p in patches]  # type: ignore[attr-defined]
+    return ParamRows({k: np.stack([r[k] for r in rows]) for k in first.params})
+
+
+def as_batch(item: Any) -> Any:
+    """A batch as the user gets it: a :class:`ParamRows` in it becomes a dict of tensors."""
+    if isinstance(item, tuple) and len(item) >= 2 and isinstance(item[1], ParamRows):
+        return (item[0], item[1].tensors(), *item[2:])
+    return item
+
+
+class DegradePair:
+    """A decoded HR image (an array, or a lazily decoded tiled image) whose patches are cut without
+    LR and carry their degradation parameters; ``lr_hw`` is the LR grid their positions are drawn on."""
+
+    chw = False
+    cacheable = False  # HR alone: the decoded cache keeps pairs
+
+    def __init__(self, shard: str, key: str, rep: int, hr: Any, scale: int, cfg: Any, decode_ns: int, verify_ns: int):
+        self.shard, self.key, self.rep, self.hr, self.scale, self.cfg = shard, key, rep, hr, scale, cfg
+        self.decode_ns, self.verify_ns = decode_ns, verify_ns
+        h, w = hr.shape[:2]
+        channels = hr.shape[2] if len(hr.shape) == 3 else 1
+        if hr.dtype != np.uint8 or channels != 3:
+            raise SampleError(shard, key, f"degrade= takes 8-bit RGB images; this HR is {hr.dtype} with {channels} channel(s)")
+        self.image_hw = (h, w)
+        self.lr_hw = (h // scale, w // scale)
+        self.tiled = not isinstance(hr, np.ndarray)
+
+    def tile_images(self) -> tuple[Any, ...]:
+        return (self.hr,)
+
+    def hwc(self) -> tuple[np.ndarray, np.ndarray]:
+        raise SampleError(self.shard, self.key, "a degrade= sample has no LR to hand out whole (degrade= is for training)")
+
+    def cut_own(self, spec: Any, base: np.uint64, first: int, count: int) -> tuple[list[Patch], int]:
+        """Patches ``first ..`` at the stored-LR positions (flat patches rejected by their HR's std),
+        each with the parameters :func:`wdsr.degrade.draw_params` draws for it."""
+        from wdsr.degrade import draw_params
+        from wdsr.pipeline.patches import draws
+
+        s, p = spec.scale, spec.patch_size // spec.scale
+        lh, lw = self.lr_hw
+        if lh < p or lw < p:
+            raise SampleError(self.shard, self.key, f"LR {lw}x{lh} is smaller than the LR patch {p}x{p}")
+        bounds = (lh - p + 1, lw - p + 1, N_DIHEDRAL if spec.augment else 1)
+        js = np.arange(first, first + count)
+        firsts = draws(base, js, 0, bounds)
+        if self.tiled:  # a remote tiled image fetches the tiles of every first try at once
+            self.hr.prefetch([(s * y, s * x, s * p, s * p) for y, x, _ in firsts.tolist()])
+        out: list[Patch] = []
+        rejected = 0
+        for n, j in enumerate(js.tolist()):
+            y, x, t = (int(v) for v in firsts[n])
+            hr = np.asarray(self.hr[s * y : s * (y + p), s * x : s * (x + p)])
+            if spec.min_patch_std is not None:
+                best: tuple[float, np.ndarray] | None = None
+                for tr in range(spec.max_tries):
+                    if tr:
+                        y, x = (int(v) for v in draws(base, np.array([j]), tr, bounds)[0][:2])
+                        hr = np.asarray(self.hr[s * y : s * (y + p), s * x : s * (x + p)])
+                    std = float(hr.std())
+                    if best is None or std > best[0]:
+                        best = (std, hr)
+                    if std >= spec.min_patch_std:
+                        break
+                    rejected += 1
+                assert best is not None
+                hr = best[1]
+            params = {k: v.numpy() for k, v in draw_params(self.cfg, seeds.degrade(base, j), spec.patch_size).items()}
+            out.append(HRPatch(patch_source(hr, t), t, self.key, j, params))
+        return out, rejected
