@@ -5,7 +5,7 @@
 Worker: ``draw_params`` for one 256^2 sample (every draw and the three 21 x 21 kernels; target <= 1 ms),
 alone and with the per-sample ``numpy.random.default_rng([seed, epoch, key, j])`` the pipeline makes.
 Device: ``Degrader`` on a batch of 12 x 256^2 real-photo patches (Real-ESRGAN per sample and per batch,
-BSRGAN), then the Real-ESRGAN ops one by one on the same batch; the best of
+BSRGAN, arbitrary scale at row 0's draw), then the Real-ESRGAN ops one by one on the same batch; the best of
 ``--batches`` after a warm-up (robust to a shared machine), CUDA synchronised.
 """
 
@@ -20,13 +20,13 @@ import numpy as np
 import torch
 
 from bench.common import machine_line, md_table, parser, real_photos, report
-from wdsr.degrade import BSRGANConfig, Degrader, RealESRGANConfig, collate_params, draw_params, ops
+from wdsr.degrade import ArbitraryScaleConfig, BSRGANConfig, Degrader, RealESRGANConfig, collate_params, draw_params, ops
 from wdsr.degrade.jpeg import DiffJPEG
 
 B, SIZE = 12, 256
 
 
-def worker_us(cfg: RealESRGANConfig | BSRGANConfig, n: int = 2000) -> tuple[float, float]:
+def worker_us(cfg: RealESRGANConfig | BSRGANConfig | ArbitraryScaleConfig, n: int = 2000) -> tuple[float, float]:
     """Mean us per sample: draw_params given a generator, and generator creation + draw_params."""
     rngs = [np.random.default_rng([0, 1, i, 0]) for i in range(n)]
     t0 = time.perf_counter()
@@ -70,8 +70,8 @@ def main() -> int:
     args = ap.parse_args()
     dev = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    real, bsr = RealESRGANConfig(), BSRGANConfig()
-    work = [(name, *worker_us(cfg)) for name, cfg in (("Real-ESRGAN", real), ("BSRGAN", bsr))]
+    real, bsr, arb = RealESRGANConfig(), BSRGANConfig(), ArbitraryScaleConfig(gt_size=SIZE)
+    work = [(name, *worker_us(cfg)) for name, cfg in (("Real-ESRGAN", real), ("BSRGAN", bsr), ("arbitrary scale", arb))]
     wtable = md_table(
         ["model", "draw_params, us/sample", "+ default_rng, us/sample"], [(n, f"{a:.0f}", f"{b:.0f}") for n, a, b in work]
     )
@@ -85,16 +85,18 @@ def main() -> int:
         k: v.to(dev)
         for k, v in collate_params([draw_params(bsr, np.random.default_rng([0, 1, i, 0]), SIZE) for i in range(B)]).items()
     }
+    p_arb = collate_params([draw_params(arb, np.random.default_rng([0, 1, i, 0]), SIZE) for i in range(B)])
     x = hr.float() / 255
     usm, jpeg = ops.USMSharp().to(dev), DiffJPEG().to(dev)
     gray = torch.zeros(B, device=dev)
     gen = torch.Generator(device=dev).manual_seed(0)
     per_sample, per_batch = Degrader(real).to(dev), Degrader(real, "batch").to(dev)
-    bsrgan = Degrader(bsr).to(dev)
+    bsrgan, arbitrary = Degrader(bsr).to(dev), Degrader(arb).to(dev)
     rows = [
         ("Degrader Real-ESRGAN, per sample", lambda: per_sample(hr, p_real)),
         ("Degrader Real-ESRGAN, per batch", lambda: per_batch(hr, p_real)),
         ("Degrader BSRGAN (per sample)", lambda: bsrgan(hr, p_bsr)),
+        (f"Degrader arbitrary scale (x{float(p_arb['scale'][0]):.2f}, Pillow-exact)", lambda: arbitrary(hr, p_arb)),
         ("op: USM sharpening (51 x 51)", lambda: usm(x)),
         ("op: filter2d, 21 x 21 per sample", lambda: ops.filter2d(x, p_real["kernel1"])),
         ("op: DiffJPEG", lambda: jpeg(x, p_real["jpeg_quality"][:, 0])),

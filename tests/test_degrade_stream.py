@@ -156,7 +156,7 @@ def test_min_patch_std_rejects_flat_hr_patches(data):
         (dict(scale=2, patch_size=96), r"scale=2 but degrade=RealESRGANConfig\(scale=4\)"),
         (dict(lr="bicubic"), "degrade= makes the LR on the device; lr='bicubic'"),
         (dict(split="val"), "degrade= makes training pairs"),
-        (dict(degrade="realesrgan"), "degrade must be a wdsr.RealESRGANConfig or wdsr.BSRGANConfig"),
+        (dict(degrade="realesrgan"), "degrade must be a wdsr.RealESRGANConfig, wdsr.BSRGANConfig or wdsr.ArbitraryScaleConfig"),
     ],
 )
 def test_bad_degrade_options_are_one_clear_error(data, change, message):
@@ -167,3 +167,17 @@ def test_bad_degrade_options_are_one_clear_error(data, change, message):
 def test_grey_datasets_are_refused_before_any_read(data):
     with pytest.raises(ValueError, match="degrade= takes RGB images; this dataset's have 1 channel"):
         _ds(data["grey"])
+
+
+def test_arbitrary_scale_batches_from_the_stream(data):
+    """``ArbitraryScaleConfig`` through the same slot: HR patches on the grid of its ``scale`` (1), one
+    drawn scale per batch (row 0's), LR side ``floor(P / s + 0.5)``."""
+    cfg = wdsr.ArbitraryScaleConfig(scale_range=(1.5, 4.0), gt_size=96)
+    got = _batches(_ds(data["hr"], scale=1, degrade=cfg))
+    sides = set()
+    for hr, params, keys in got:
+        lr, _ = wdsr.Degrader(cfg)((hr, params))
+        s = float(params["scale"][0])
+        assert lr.shape == (4, 3, int(96 / s + 0.5), int(96 / s + 0.5)) and 1.5 <= s <= 4.0
+        sides.add(lr.shape[-1])
+    assert len(sides) > 2

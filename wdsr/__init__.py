@@ -10,7 +10,7 @@ from shardmaker import compat
 from shardmaker.errors import OnError
 from wdsr.config import DatasetConfig, Split
 from wdsr.dataset import SRDataset, ValSample
-from wdsr.degrade import BSRGANConfig, Degrader, RealESRGANConfig
+from wdsr.degrade import ArbitraryScaleConfig, BSRGANConfig, Degrader, RealESRGANConfig
 from wdsr.errors import SampleError
 from wdsr.loader import SRLoader, make_loader, to_float
 from wdsr.pipeline.clips import ClipConfig
@@ -20,6 +20,7 @@ from wdsr.state import LoaderStateError, WorldChanged
 from wdsr.store.remote import ReadFailed, Retry
 
 __all__ = [
+    "ArbitraryScaleConfig",
     "BSRGANConfig",
     "ClipConfig",
     "DatasetConfig",

@@ -9,6 +9,8 @@ import operator
 import os
 from typing import Any
 
+import numpy as np
+
 from shardmaker import format as fmt
 from shardmaker.errors import OnError, brief
 from wdsr.pipeline.clips import ClipConfig
@@ -99,7 +101,9 @@ def _check_degrade(c: DatasetConfig) -> None:
     """``degrade=``: a wdsr.degrade config whose patch and scale are the dataset's, for training."""
     d: Any = c.degrade
     if isinstance(d, type) or type(d).__module__ != "wdsr.degrade.config":  # an instance of one of its configs
-        raise ValueError(f"degrade must be a wdsr.RealESRGANConfig or wdsr.BSRGANConfig (or None), got {brief(d)}")
+        raise ValueError(
+            f"degrade must be a wdsr.RealESRGANConfig, wdsr.BSRGANConfig or wdsr.ArbitraryScaleConfig (or None), got {brief(d)}"
+        )
     name = type(d).__name__
     if c.split is not Split.TRAIN:
         raise ValueError("degrade= makes training pairs; validate on stored LR or lr='bicubic' (split='val' without degrade=)")
@@ -114,6 +118,9 @@ def _check_degrade(c: DatasetConfig) -> None:
             f"patch_size={c.patch_size} but degrade={name}(gt_size={d.gt_size}): the HR patch is the degradation's "
             f"input, give the same size to both (patch_size={d.gt_size})"
         )
+    from wdsr.degrade import draw_params
+
+    draw_params(d, np.random.default_rng(0), c.patch_size)  # a patch too small for its kernels: refused here, not in a worker
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

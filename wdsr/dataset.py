@@ -35,6 +35,7 @@ from wdsr.pipeline.epoch import Slot, elastic_pass, train_pass
 from wdsr.pipeline.handoff import BatchPool
 from wdsr.pipeline.patches import too_small
 from wdsr.pipeline.plan import (
+    Span,
     TrainPlan,
     check_mix_segments,
     mix_counts,
@@ -316,6 +317,13 @@ class SRDataset(IterableDataset):
         old = self.train_plan(epoch, origin[0], origin[1])
         el = self.elastic_plan(epoch, origin, nw)
         return elastic_pass(self._source, c.stream_config(), epoch, old, el, slot, pool, self.stats)
+
+    def decoded_in_order(self) -> Iterator[Any]:
+        """Every usable sample decoded as the train stream decodes it, in manifest order (``wdsr preview``)."""
+        for i, shard in enumerate(self.manifest.shards):
+            for pair in self._source.pairs([Span(i, 0, len(shard.keys), 0)], 0):
+                if pair is not None:
+                    yield pair
 
     def elastic_plan(self, epoch: int, origin: tuple[int, int, int], num_workers: int) -> ElasticPlan:
         """The rest of ``epoch`` after ``origin`` = (world size, workers, batches per rank), over this world."""

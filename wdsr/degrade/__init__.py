@@ -2,7 +2,7 @@
 
 The API a loader needs (see docs/degrade.md):
 
-    cfg = wdsr.RealESRGANConfig()                        # or wdsr.BSRGANConfig(); checked at construction
+    cfg = wdsr.RealESRGANConfig()                        # or BSRGANConfig(), ArbitraryScaleConfig(); checked
     p = draw_params(cfg, rng, patch_size)                # worker: one sample, rng = numpy Generator
     params = collate_params([p0, p1, ...])               # the batch: one tensor per key, rows = samples
     lr, hr = wdsr.Degrader(cfg)(hr_uint8.cuda(), params)  # device: float32 (lr, hr)
@@ -10,9 +10,10 @@ The API a loader needs (see docs/degrade.md):
 ``draw_params`` takes every random number from ``rng`` (the pipeline seeds it from (seed, epoch, key, j)),
 builds the blur kernels there and returns a dict of small CPU tensors; the Degrader's noise comes from
 torch generators seeded by those parameters, so a sample's LR depends on its parameters alone.
-``Degrader(cfg, granularity="batch")`` is Real-ESRGAN's per-batch variant (row 0's per-batch draws)."""
+``Degrader(cfg, granularity="batch")`` is Real-ESRGAN's per-batch variant (row 0's per-batch draws);
+``ArbitraryScaleConfig`` is per batch alone (row 0's float scale: one LR size per batch)."""
 
-from wdsr.degrade.config import BSRGANConfig, RealESRGANConfig
+from wdsr.degrade.config import ArbitraryScaleConfig, BSRGANConfig, RealESRGANConfig
 from wdsr.degrade.degrader import Degrader, collate_params, draw_params
 
-__all__ = ["BSRGANConfig", "Degrader", "RealESRGANConfig", "collate_params", "draw_params"]
+__all__ = ["ArbitraryScaleConfig", "BSRGANConfig", "Degrader", "RealESRGANConfig", "collate_params", "draw_params"]

@@ -1,7 +1,8 @@
 """The degradation models' settings as frozen dataclasses, checked at construction (one ValueError each).
 
 ``RealESRGANConfig()`` is Real-ESRGAN's ``options/train_realesrnet_x4plus.yml`` (option names kept);
-``BSRGANConfig()`` is BSRGAN's ``degradation_bsrgan`` (Zhang et al. 2021) without the camera-ISP branch."""
+``BSRGANConfig()`` is BSRGAN's ``degradation_bsrgan`` (Zhang et al. 2021) without the camera-ISP branch;
+``ArbitraryScaleConfig()`` is arbitrary-scale SR's bicubic down-sampling at a float scale (LIIF, LTE)."""
 
 from __future__ import annotations
 
@@ -136,3 +137,25 @@ class BSRGANConfig:
             _prob(p, getattr(self, p))
         _range("noise_range", self.noise_range, lo=0.0)
         _range("jpeg_range", self.jpeg_range, lo=1.0, hi=100.0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ArbitraryScaleConfig:
+    """Arbitrary-scale SR (LIIF, LTE): a float scale per batch, uniform on ``scale_range``; the LR is
+    Pillow's BICUBIC down-sampling of the fixed ``gt_size`` HR patch to ``floor(gt_size / s + 0.5)``
+    (``quantize=False``: the same filter without 8-bit rounding). ``scale`` is only the integer grid the
+    HR patches are cut on: give the SRDataset the same ``scale`` (and ``patch_size=gt_size``)."""
+
+    scale_range: Range = (1.0, 4.0)
+    gt_size: int = 192
+    scale: int = 1
+    quantize: bool = True
+
+    def __post_init__(self) -> None:
+        _scale(self.scale, self.gt_size)
+        r = self.scale_range
+        if len(r) == 2 and not all(math.isfinite(v) for v in r):
+            raise ValueError(f"scale_range must be finite, got {r}")
+        _range("scale_range", r, lo=1.0)
+        if r[1] > self.gt_size:
+            raise ValueError(f"scale_range {r} goes above gt_size {self.gt_size}: an LR patch needs a pixel")

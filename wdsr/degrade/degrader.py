@@ -8,20 +8,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from wdsr.degrade import bsrgan, realesrgan
-from wdsr.degrade.config import BSRGANConfig, RealESRGANConfig
+from wdsr.degrade import arbitrary, bsrgan, realesrgan
+from wdsr.degrade.config import ArbitraryScaleConfig, BSRGANConfig, RealESRGANConfig
 
 Params = dict[str, torch.Tensor]
+Config = RealESRGANConfig | BSRGANConfig | ArbitraryScaleConfig
 GRANULARITIES = ("sample", "batch")
+CONFIGS = "a RealESRGANConfig, BSRGANConfig or ArbitraryScaleConfig"
 
 
-def draw_params(cfg: RealESRGANConfig | BSRGANConfig, rng: np.random.Generator, patch_size: int) -> Params:
+def draw_params(cfg: Config, rng: np.random.Generator, patch_size: int) -> Params:
     """One sample's degradation parameters from ``rng`` (kernels built here, in the worker)."""
     if isinstance(cfg, RealESRGANConfig):
         return realesrgan.draw_params(cfg, rng, patch_size)
     if isinstance(cfg, BSRGANConfig):
         return bsrgan.draw_params(cfg, rng, patch_size)
-    raise TypeError(f"draw_params expects a RealESRGANConfig or BSRGANConfig, got {type(cfg).__name__}")
+    if isinstance(cfg, ArbitraryScaleConfig):
+        return arbitrary.draw_params(cfg, rng, patch_size)
+    raise TypeError(f"draw_params expects {CONFIGS}, got {type(cfg).__name__}")
 
 
 def collate_params(samples: Sequence[Params]) -> Params:
@@ -41,24 +45,34 @@ class Degrader(torch.nn.Module):
     sharpening and first blur run batch-wide, a kernel per sample, the rest sample by sample);
     ``"batch"`` takes the per-batch draws of Real-ESRGAN (resize scales and modes, noise kind, blur and
     order flags, noise seeds) from row 0, as ``RealESRGANModel.feed_data`` draws them once per batch.
-    Runs in fp32 with autocast off and no autograd; the noise comes from generators seeded by the
-    parameters, on the batch's device."""
+    The default (None) is ``"sample"``, except for ``ArbitraryScaleConfig``: ``"batch"`` only (row 0's
+    scale: one LR size per batch). Runs in fp32 (the arbitrary-scale resize in exact float64) with
+    autocast off and no autograd; the noise comes from generators seeded by the parameters, on the
+    batch's device."""
 
-    def __init__(self, cfg: RealESRGANConfig | BSRGANConfig, granularity: str = "sample") -> None:
+    _anchor: torch.Tensor
+
+    def __init__(self, cfg: Config, granularity: str | None = None) -> None:
         super().__init__()
-        if granularity not in GRANULARITIES:
+        if granularity is not None and granularity not in GRANULARITIES:
             raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+        self.register_buffer("_anchor", torch.empty(0), persistent=False)  # the module's device
         self.cfg = cfg
-        self.granularity = granularity
-        self.pipeline: realesrgan.RealESRGANPipeline | bsrgan.BSRGANPipeline
+        self.pipeline: realesrgan.RealESRGANPipeline | bsrgan.BSRGANPipeline | arbitrary.ArbitraryScalePipeline
         if isinstance(cfg, RealESRGANConfig):
             self.pipeline = realesrgan.RealESRGANPipeline(cfg)
         elif isinstance(cfg, BSRGANConfig):
             if granularity == "batch":
                 raise ValueError("granularity='batch' is Real-ESRGAN's; BSRGAN degrades each sample on its own")
             self.pipeline = bsrgan.BSRGANPipeline(cfg)
+        elif isinstance(cfg, ArbitraryScaleConfig):
+            if granularity == "sample":
+                raise ValueError("granularity='sample' would give LR patches of many sizes; ArbitraryScaleConfig is 'batch'")
+            granularity = "batch"
+            self.pipeline = arbitrary.ArbitraryScalePipeline(cfg)
         else:
-            raise TypeError(f"Degrader expects a RealESRGANConfig or BSRGANConfig, got {type(cfg).__name__}")
+            raise TypeError(f"Degrader expects {CONFIGS}, got {type(cfg).__name__}")
+        self.granularity = granularity or "sample"
 
     def _check(self, hr: torch.Tensor, params: Params) -> None:
         if hr.dtype != torch.uint8 or hr.dim() != 4 or hr.shape[1] != 3:
@@ -73,7 +87,7 @@ class Degrader(torch.nn.Module):
     @property
     def device(self) -> torch.device:
         """Where the degradation runs: the module's (``Degrader(cfg).to("cuda")``)."""
-        return next(self.buffers()).device
+        return self._anchor.device
 
     @torch.no_grad()
     def forward(self, hr: Any, params: Params | None = None) -> tuple[torch.Tensor, torch.Tensor]:

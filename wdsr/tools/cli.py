@@ -77,6 +77,18 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("-n", "--count", type=int, default=8, help="patch pairs to draw (default 8)")
     v.add_argument("--per-image", type=int, default=2, help="patches cut from each image, in manifest order (default 2)")
     v.add_argument("--seed", type=int, default=0)
+    v.add_argument(
+        "--lr",
+        choices=["stored", "bicubic", "bicubic-uint8"],
+        default="stored",
+        help="stored (default): the dataset's LR; bicubic(-uint8): made from HR per patch, MATLAB-exactly (HR-only datasets)",
+    )
+    v.add_argument(
+        "--degrade",
+        choices=["realesrgan", "bsrgan"],
+        help="show degraded pairs: the LR that Real-ESRGAN's or BSRGAN's model (docs/degrade.md) makes from each HR "
+        "patch with the parameters training draws for it (HR-only datasets too)",
+    )
     c = sub.add_parser(
         "cache",
         help="show or remove a node-wide decoded-pair cache",
@@ -174,6 +186,13 @@ def _train_parser(sub: Any) -> None:
         help="recurrent (default): the HR of all T frames; center: of the centre frame only (T odd)",
     )
     t.add_argument("--clip-reverse", type=float, metavar="P", help="probability of a window's frames reversed (default 0)")
+    t.add_argument(
+        "--degrade",
+        choices=["realesrgan", "bsrgan"],
+        help="train from HR alone, the LR made on the device from each batch (Real-ESRNet-style): realesrgan = "
+        "Real-ESRGAN's second-order model (train_realesrnet_x4plus.yml, USM-sharpened HR target), bsrgan = BSRGAN's "
+        "shuffled one; parameters drawn per patch in the workers (docs/degrade.md). Default: the stored LR",
+    )
     t.add_argument("--steps", type=int, help=f"optimizer steps in all (default {DEFAULT_STEPS} unless --epochs)")
     t.add_argument("--epochs", type=int, help="passes over the data instead of --steps")
     t.add_argument("--lr", type=float, help="Adam learning rate (default 2e-4)")
@@ -282,11 +301,14 @@ def _bench(args: argparse.Namespace) -> int:
 def _preview(args: argparse.Namespace) -> int:
     from wdsr.config import DatasetConfig
     from wdsr.tools.preview import contact_sheet, write_png
+    from wdsr.train.config import degrade_config
 
-    config = DatasetConfig(scale=args.scale, patch_size=args.patch_size, seed=args.seed)
+    degrade = degrade_config(args.degrade, args.scale, args.patch_size, "flags")  # a ConfigError is a ValueError
+    config = DatasetConfig(scale=args.scale, patch_size=args.patch_size, seed=args.seed, lr=args.lr, degrade=degrade)
     sheet = contact_sheet(args.url, config, args.count, args.per_image)
     write_png(args.output, sheet)
-    print(f"wrote {args.output}: {args.count} LR|HR pairs, {sheet.shape[1]}x{sheet.shape[0]}")
+    what = f"{args.degrade}-degraded LR|HR" if degrade is not None else "LR|HR"
+    print(f"wrote {args.output}: {args.count} {what} pairs, {sheet.shape[1]}x{sheet.shape[0]}")
     return 0
 
 

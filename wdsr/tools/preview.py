@@ -10,14 +10,18 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import torch
 from PIL import Image, ImageDraw, ImageFont
 
 from shardmaker import imaging
 from shardmaker.imaging import Codec
 from wdsr.config import DatasetConfig, Split
 from wdsr.dataset import SRDataset
+from wdsr.degrade import Degrader
 from wdsr.errors import SampleError
+from wdsr.pipeline.batch import collate
 from wdsr.pipeline.decode import DecodedPair
+from wdsr.pipeline.degraded import as_batch, param_rows
 from wdsr.pipeline.patches import Patch, PatchConfig, cut_patches
 
 LABEL_H = 12  # pixels of the label line above each row
@@ -48,12 +52,43 @@ def labelled_patches(url: str, config: DatasetConfig, count: int, per_image: int
     return out
 
 
+def degraded_pairs(url: str, config: DatasetConfig, count: int, per_image: int = 2) -> list[tuple[np.ndarray, np.ndarray, str]]:
+    """``config.degrade``'s (LR, HR) pairs (CHW uint8; the HR is the training target, e.g. sharpened) of
+    the first ``count`` patches epoch 0 cuts, ``per_image`` from each image in manifest order: each
+    HR patch with the parameters training draws for it, degraded by ``wdsr.Degrader`` on the CPU."""
+    ds = SRDataset(url, config=dataclasses.replace(config, return_keys=False))
+    spec = config.patch_config()
+    got: list[Patch] = []
+    for pair in ds.decoded_in_order():
+        try:
+            patches, _ = cut_patches(pair, spec, config.seed, 0, 0, min(per_image, count - len(got)))
+        except SampleError:
+            continue  # smaller than one patch
+        got += patches
+        if len(got) == count:
+            break
+    if not got:
+        return []
+    hr, params = as_batch(collate(got, False, param_rows(got)))
+    lr, target = Degrader(config.degrade)(hr, params)
+
+    def u8(x: torch.Tensor) -> np.ndarray:
+        return (x * 255.0).round().clamp(0, 255).to(torch.uint8).numpy()
+
+    return [(u8(lr[i]), u8(target[i]), label_of(p.key, p)) for i, p in enumerate(got)]
+
+
 def contact_sheet(url: str, config: DatasetConfig, count: int = 8, per_image: int = 2, gap: int = 4) -> np.ndarray:
-    """HxWx3 uint8 image: one row per patch, ``[LR x s | HR]`` under its label (key, index, transform)."""
+    """HxWx3 uint8 image: one row per patch, ``[LR x s | HR]`` under its label (key, index, transform);
+    with ``config.degrade``, the LR is the degraded one (:func:`degraded_pairs`)."""
     s = config.scale
     rows = []
-    for patch, label in labelled_patches(url, config, count, per_image):
-        a8, b8 = _rgb8(patch.lr), _rgb8(patch.hr)
+    if config.degrade is not None:
+        pairs = degraded_pairs(url, config, count, per_image)
+    else:
+        pairs = [(p.lr, p.hr, label) for p, label in labelled_patches(url, config, count, per_image)]
+    for lr, hr, label in pairs:
+        a8, b8 = _rgb8(lr), _rgb8(hr)
         up = a8.repeat(s, axis=0).repeat(s, axis=1)
         sep = np.full((b8.shape[0], gap, 3), 255, np.uint8)
         row = np.concatenate([up, sep, b8], axis=1)

@@ -120,7 +120,8 @@ class TrainConfig:
         clip = self.dataset.clip
         clips = {key: None if clip is None else _plain(getattr(clip, field)) for key, field in CLIP_KEYS.items()}
         clips["clip_interval"] = None if clip is None else list(clip.interval)
-        return {**out, **{name: _plain(getattr(self.dataset, name)) for name in DATASET_KEYS}, **clips}
+        degrade = degrade_name(self.dataset.degrade)
+        return {**out, **{name: _plain(getattr(self.dataset, name)) for name in DATASET_KEYS}, **clips, "degrade": degrade}
 
 
 def _check_clip_model(cfg: TrainConfig) -> None:
@@ -149,12 +150,14 @@ def _check_clip_model(cfg: TrainConfig) -> None:
 # the DatasetConfig options a train config sets (the val set's tiles are val_tile; split is implied)
 # (the clip is set by the CLIP_KEYS)
 DATASET_KEYS = tuple(
-    f.name for f in dataclasses.fields(DatasetConfig) if f.name not in ("split", "tile", "return_keys", "clip", "lr")
+    f.name for f in dataclasses.fields(DatasetConfig) if f.name not in ("split", "tile", "return_keys", "clip", "lr", "degrade")
 )  # "lr" is the learning rate here; SRDataset(lr="bicubic") is not a train setting yet
+# --degrade NAME: SRDataset(degrade=...) with the model's defaults at the run's scale and patch size
+DEGRADE_MODELS = {"realesrgan": "RealESRGANConfig", "bsrgan": "BSRGANConfig"}
 # the train set's windows of frames (clip datasets): setting -> wdsr.ClipConfig field; on when clip_frames is set
 CLIP_KEYS = {"clip_frames": "frames", "clip_interval": "interval", "clip_window": "window", "clip_reverse": "reverse"}
 _CLIP_TYPES = {"clip_frames": "int", "clip_interval": "int", "clip_window": "ClipWindow", "clip_reverse": "float"}
-TRAIN_SET_KEYS = (*DATASET_KEYS, *CLIP_KEYS)  # the settings of the train set: flat, or under ``dataset:``
+TRAIN_SET_KEYS = (*DATASET_KEYS, *CLIP_KEYS, "degrade")  # the settings of the train set: flat, or under ``dataset:``
 MAX_INTERVALS = 64  # intervals a window may draw from (wdsr.ClipConfig's own bound)
 _SIZES = ("cache_limit", "decoded_cache_limit")  # bytes, given with units (a bare number is GB)
 BIG = 10**12  # steps and step counts: far beyond any run, far below int64
@@ -268,10 +271,33 @@ def clip_config(settings: dict[str, Any], where: str) -> ClipConfig | None:
         raise ConfigError(f"{'' if where == 'flags' else where + ': '}{exc} (--clip-frames, --clip-window)") from None
 
 
+def degrade_name(cfg: Any) -> str | None:
+    """The ``--degrade`` name of a wdsr.degrade config (None: no degradations)."""
+    if cfg is None:
+        return None
+    return next((name for name, cls in DEGRADE_MODELS.items() if type(cfg).__name__ == cls), type(cfg).__name__)
+
+
+def degrade_config(name: Any, scale: int, patch_size: int, where: str) -> Any:
+    """``--degrade realesrgan|bsrgan``: the model's defaults (Real-ESRGAN's train_realesrnet_x4plus.yml,
+    BSRGAN's degradation_bsrgan) at the run's scale and HR patch size; null: none."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or name not in DEGRADE_MODELS:
+        raise ConfigError(f"--degrade: {brief(name)} is not one of {', '.join(DEGRADE_MODELS)}")
+    import wdsr.degrade
+
+    try:
+        return getattr(wdsr.degrade, DEGRADE_MODELS[name])(scale=scale, gt_size=patch_size)
+    except ValueError as exc:
+        raise ConfigError(f"{'' if where == 'flags' else where + ': '}--degrade {name}: {exc}") from None
+
+
 def dataset_config(settings: dict[str, Any], where: str) -> DatasetConfig:
     """The train set's options from flat settings (already split from the train ones)."""
     opts: dict[str, Any] = {"clip": clip_config({k: v for k, v in settings.items() if k in CLIP_KEYS}, where)}
-    settings = {k: v for k, v in settings.items() if k not in CLIP_KEYS}
+    degrade = settings.get("degrade")
+    settings = {k: v for k, v in settings.items() if k not in CLIP_KEYS and k != "degrade"}
     types = {f.name: f.type for f in dataclasses.fields(DatasetConfig)}
     for name, value in settings.items():
         optional = "None" in str(types[name])
@@ -295,6 +321,9 @@ def dataset_config(settings: dict[str, Any], where: str) -> DatasetConfig:
             value = _coerce(name, types[name], value)
         opts[name] = value  # the enums: DatasetConfig checks their names
     _check_flags(opts)
+    defaults = DatasetConfig()
+    scale, patch = opts.get("scale", defaults.scale), opts.get("patch_size", defaults.patch_size)
+    opts["degrade"] = degrade_config(degrade, scale, patch, where)
     try:
         return DatasetConfig(**opts)
     except (TypeError, ValueError) as exc:

@@ -25,6 +25,7 @@ from torch import nn
 from shardmaker import format as fmt
 from shardmaker.errors import brief
 from wdsr.dataset import SRDataset
+from wdsr.degrade import Degrader
 from wdsr.loader import LoaderStateError, SRLoader, make_loader, sample_meta, to_float
 from wdsr.pipeline.decode import is_clip_dataset
 from wdsr.store import urls
@@ -333,12 +334,15 @@ def _loop(
         run.start(cfg.dict)
         metrics = MetricsLog(run, cfg)
         amp = {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[m.amp_dtype]
-        clip = cfg.dataset.clip
+        clip, degrade = cfg.dataset.clip, cfg.dataset.degrade
         what = "" if clip is None else f" (windows of {clip.frames} frames, {clip.window})"
+        what += "" if degrade is None else f" (LR made on the device: {type(degrade).__name__})"
         log.info(
             "training %s x%d on %s%s: %d batches/epoch/rank, %d ranks, %d steps, amp %s, device %s",
             *(cfg.model.value, cfg.dataset.scale, cfg.data, what, len(loader), ctx.world, total, amp, ctx.device),
         )
+    degrade = cfg.dataset.degrade
+    degrader = Degrader(degrade).to(ctx.device) if degrade is not None else None
     bar = progress_bar(ctx, total, step)
     win = Window(time.perf_counter(), 0.0, 0, torch.zeros((), device=ctx.device))
     last_ckpt = step if state is not None else -1
@@ -354,8 +358,11 @@ def _loop(
                     if item is None:
                         break
                     win.wait += time.perf_counter() - t0
-                    x = to_float(item[0].to(ctx.device, non_blocking=True))
-                    y = to_float(item[1].to(ctx.device, non_blocking=True))
+                    if degrader is not None:  # --degrade: (hr, params) -> (lr, hr) on the device
+                        x, y = degrader(item)
+                    else:
+                        x = to_float(item[0].to(ctx.device, non_blocking=True))
+                        y = to_float(item[1].to(ctx.device, non_blocking=True))
                     if ctx.device.type == "cuda" and x.ndim == 4:  # clips [B, T, C, h, w]: the model folds T into B
                         x = x.contiguous(memory_format=torch.channels_last)
                     loss, step_lr = m.step(x, y, ctx.device)

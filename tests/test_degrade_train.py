@@ -1,0 +1,72 @@
+"""``wdsr train --degrade`` and ``wdsr preview --degrade`` (issue 28) on HR-only shards of real photos:
+the LR is made on the device from each batch; a resumed run ends with the straight run's weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import wdsr
+from tests.helpers import build_shards, photos, save
+from wdsr.tools.cli import main
+from wdsr.train.config import make_config
+
+SMALL = ["--patch-size", "96", "-k", "4", "--batch-size", "4", "--workers", "1", "--shuffle-buffer", "8", "--schedule", "step"]
+
+
+@pytest.fixture(scope="module")
+def hr_only(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("degrade-train")
+    src = root / "src"
+    src.mkdir()
+    for i, p in enumerate(photos()):
+        save(src / f"p{i}.png", np.ascontiguousarray(p[:256, :320]))
+    return build_shards(src, root / "hr", "--hr-only", "--max-samples", "2")
+
+
+def _train(data: Path, out: Path, *extra: str) -> int:
+    argv = ["train", "--data", str(data), "--out", str(out), "--model", "espcn", "--degrade", "realesrgan", *SMALL]
+    return main([*argv, "--val-every", "0", "--log-every", "1", "--ckpt-every", "3", *extra])
+
+
+def _last_weights(out: Path) -> str:
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in lines if "weights_sha256" in r][-1]["weights_sha256"][0]
+
+
+def test_train_from_hr_alone_and_resume_to_the_same_weights(hr_only, tmp_path):
+    assert _train(hr_only, tmp_path / "straight", "--steps", "6") == 0
+    run = json.loads((tmp_path / "straight" / "run.json").read_text())
+    assert run["config"]["degrade"] == "realesrgan"
+    losses = [json.loads(x)["loss"] for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    assert len(losses) == 6 and all(np.isfinite(losses))
+    assert _train(hr_only, tmp_path / "resumed", "--steps", "3") == 0
+    assert _train(hr_only, tmp_path / "resumed", "--steps", "6", "--resume") == 0
+    assert _last_weights(tmp_path / "resumed") == _last_weights(tmp_path / "straight")
+    assert _train(hr_only, tmp_path / "other", "--steps", "6", "--seed", "1") == 0
+    assert _last_weights(tmp_path / "other") != _last_weights(tmp_path / "straight")
+
+
+def test_degrade_settings(tmp_path):
+    cfg = make_config({"data": "/d", "out": "/o", "degrade": "bsrgan", "scale": 2, "patch_size": 96})
+    assert cfg.dataset.degrade == wdsr.BSRGANConfig(scale=2, gt_size=96) and cfg.dict["degrade"] == "bsrgan"
+    assert make_config({"data": "/d", "out": "/o"}).dict["degrade"] is None
+    with pytest.raises(ValueError, match="--degrade: 'realesrnet' is not one of realesrgan, bsrgan"):
+        make_config({"data": "/d", "out": "/o", "degrade": "realesrnet"})
+    with pytest.raises(ValueError, match="patch_size 48 is too small"):
+        make_config({"data": "/d", "out": "/o", "degrade": "realesrgan", "patch_size": 48})
+
+
+def test_preview_shows_degraded_pairs(hr_only, tmp_path, capsys):
+    png = tmp_path / "p.png"
+    assert main(["preview", str(hr_only), "-o", str(png), "--patch-size", "96", "-n", "3", "--degrade", "realesrgan"]) == 0
+    assert "3 realesrgan-degraded LR|HR pairs" in capsys.readouterr().out
+    sheet = np.asarray(Image.open(png))
+    assert sheet.shape[1] == 96 + 4 + 96 and sheet.shape[0] > 3 * 96
+    assert main(["preview", str(hr_only), "-o", str(png), "--patch-size", "96", "-n", "2", "--lr", "bicubic"]) == 0
+    assert main(["preview", str(hr_only), "-o", str(png), "--patch-size", "48", "--degrade", "bsrgan"]) == 2
+    assert "patch_size 48 must be a multiple of scale 4 above 96" in capsys.readouterr().err
