@@ -170,3 +170,62 @@ def test_basicsr_option_names() -> None:
     for bad in ({"use_rot": True}, {"prefetch_mode": "cuda"}, {"dataset_enlarge_ratio": 10}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             dataset_options(opt | bad)
+
+
+def test_basicsr_degrade_option() -> None:
+    """``degrade: realesrgan`` or a mapping of the config's fields (Real-ESRGAN's YAML names, lists as
+    YAML gives them) at the run's scale and gt_size; unknown types and fields are one clear error."""
+    import wdsr
+    from wdsr.integrations.basicsr import dataset_options
+
+    opt = {"type": "WdsrDataset", "scale": 4, "dataroot": "/d", "gt_size": 256}
+    assert dataset_options(opt | {"degrade": "realesrgan"})[1]["degrade"] == wdsr.RealESRGANConfig()
+    mapped = {
+        "type": "realesrgan",
+        "kernel_list": ["iso", "aniso"],
+        "kernel_prob": [0.5, 0.5],
+        "kernel_list2": ["iso"],
+        "kernel_prob2": [1.0],
+        "noise_range": [1, 20],
+        "gt_usm": False,
+    }
+    got = dataset_options(opt | {"degrade": mapped})[1]["degrade"]
+    assert got.kernel_list == ("iso", "aniso") and got.noise_range == (1, 20) and not got.gt_usm and got.gt_size == 256
+    arb = dataset_options(opt | {"scale": 1, "degrade": {"type": "arbitrary", "scale_range": [1, 4]}})[1]["degrade"]
+    assert arb == wdsr.ArbitraryScaleConfig(scale_range=(1, 4), gt_size=256)
+    for bad, message in (
+        ("realesrnet", "type 'realesrnet' is not one of"),
+        ({"type": "bsrgan", "noise": 3}, "unknown field 'noise'"),
+        ({"type": "realesrgan", "jpeg_range": [95, 30]}, "jpeg_range must be"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            dataset_options(opt | {"degrade": bad})
+
+
+@pytest.mark.slow
+@needs_basicsr
+def test_basicsr_real_esrnet_style_run_from_hr_only_shards(setup: Path, tmp_path: Path) -> None:
+    """A Real-ESRNet-style run (``degrade: realesrgan``) on HR-only shards: BasicSR's SRModel gets float
+    ``lq``/``gt`` made on its device; 3 + ``--auto_resume`` + 3 iterations end with the straight 6's weights."""
+    from tests.helpers import build_shards
+
+    src = tmp_path / "hr-src"
+    for i, img in enumerate(photos()):
+        save(src / f"p{i}.png", img[:256, :320].copy())
+    shards = build_shards(src, tmp_path / "hr", "--hr-only")
+
+    def opt(total: int) -> dict:
+        o = options(shards, setup / "val", total)
+        del o["val"], o["datasets"]["val"]
+        o["datasets"]["train"] |= {"gt_size": 96, "degrade": {"type": "realesrgan", "gt_usm": True}}
+        o["logger"]["save_checkpoint_freq"] = 3
+        return o
+
+    run(setup / "straight", opt(6))
+    run(setup / "resumed", opt(3))
+    run(setup / "resumed", opt(6), "--auto_resume")
+    straight, resumed = weights(setup / "straight", 6), weights(setup / "resumed", 6)
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    logs = "".join(p.read_text() for p in (setup / "straight/experiments/edsr_tiny").glob("train_*.log"))
+    losses = [float(v) for v in re.findall(r"l_pix: ([-+.e\d]+)", logs)]
+    assert losses and max(losses) < 1

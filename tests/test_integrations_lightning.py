@@ -134,3 +134,30 @@ if __name__ == "__main__":  # one rank of the DDP test
     out, url = Path(sys.argv[1]), sys.argv[2]
     got = scenario(url, out, workers=1, strategy="ddp", devices=2)
     (out / f"rank{os.environ['RANK']}.json").write_text(json.dumps(got))
+
+
+def test_lightning_degrade_makes_lr_on_the_device(photo_shards: Path, tmp_path: Path) -> None:
+    """``WdsrDataModule(url, degrade=cfg)``: the module gets float ``(lr, hr)`` made by ``wdsr.Degrader``
+    in ``on_after_batch_transfer`` (here from the HR of a dataset with stored LR: it is not read)."""
+    import wdsr
+
+    shapes: list[tuple] = []
+
+    class Shapes(Probe):
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+            shapes.append((tuple(batch[0].shape), tuple(batch[1].shape), batch[0].dtype))
+            return super().training_step(batch, batch_idx)
+
+    options = {**OPTIONS, "patch_size": 96, "degrade": wdsr.RealESRGANConfig(gt_size=96)}
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(Shapes(), WdsrDataModule(str(photo_shards), num_workers=0, **options))
+    assert shapes == [((5, 3, 24, 24), (5, 3, 96, 96), torch.float32)] * 2

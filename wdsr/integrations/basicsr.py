@@ -5,7 +5,9 @@ pytorch] [--auto_resume]`` and ``datasets.train.type: WdsrDataset`` in the YAML 
 What changes in BasicSR's run, and why (each a wrapper installed by :func:`install`):
 - ``build_dataset`` / ``build_dataloader``: the train loader is a ``wdsr.SRLoader`` (batches made in
   its workers, no sampler, no re-collation), seen by BasicSR as ``{'lq', 'gt'}`` uint8 batches;
-- the model's ``feed_data`` converts them to float [0, 1] after BasicSR moved them to the device;
+- the model's ``feed_data`` converts them to float [0, 1] after BasicSR moved them to the device; with
+  ``degrade`` (``realesrgan``, ``bsrgan`` or a mapping of the config's fields) the batches are uint8 HR
+  plus per-patch parameters and ``feed_data`` makes ``lq`` from them with ``wdsr.Degrader`` first;
 - the model's ``save`` writes the loader state beside each ``training_states/{iter}.state``
   (as ``{iter}.wdsr.json``), and ``load_resume_state`` restores it: a resumed run continues at the
   exact batch (BasicSR alone restarts the epoch); it loads on the CPU when ``num_gpu`` is 0;
@@ -63,7 +65,35 @@ def dataset_options(opt: Mapping[str, Any]) -> tuple[str, dict[str, Any], dict[s
         else:
             options[RENAMED.get(key, key)] = value
     url = options.pop("url")
+    if options.get("degrade") is not None:
+        options["degrade"] = degrade_option(options["degrade"], options.get("scale", 4), options.get("patch_size", 192))
     return url, options, loader
+
+
+DEGRADE_TYPES = {"realesrgan": "RealESRGANConfig", "bsrgan": "BSRGANConfig", "arbitrary": "ArbitraryScaleConfig"}
+
+
+def degrade_option(value: Any, scale: int, gt_size: int) -> Any:
+    """``degrade: realesrgan`` (or ``bsrgan``), or a mapping ``{type: realesrgan, <fields>}`` whose fields are
+    the config's (``wdsr.RealESRGANConfig`` keeps Real-ESRGAN's YAML names: ``blur_kernel_size``,
+    ``kernel_list``, ``resize_range``, ``noise_range2``, ...), at the run's ``scale`` and ``gt_size``."""
+    fields = dict(value) if isinstance(value, Mapping) else {"type": value}
+    name = fields.pop("type", None)
+    if name not in DEGRADE_TYPES:
+        raise ValueError(f"datasets.train.degrade: type {name!r} is not one of {', '.join(DEGRADE_TYPES)}")
+    cls = getattr(wdsr, DEGRADE_TYPES[name])
+    known = set(cls.__dataclass_fields__) - {"scale", "gt_size"}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(
+            f"datasets.train.degrade: unknown field {unknown[0]!r} of {cls.__name__} (known: {', '.join(sorted(known))})"
+        )
+    lists = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}  # YAML lists -> the config's tuples
+    grid = 1 if name == "arbitrary" else scale  # an arbitrary-scale run cuts HR patches on the HR grid
+    try:
+        return cls(scale=grid, gt_size=gt_size, **lists)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"datasets.train.degrade: {exc}") from None
 
 
 class WdsrDataset:
@@ -96,9 +126,11 @@ class BasicsrBatches:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        degrade = self.loader.sr_dataset.config.degrade is not None
         for batch in self.loader:
-            yield {"lq": batch[0], "gt": batch[1]}
+            # degrade=: uint8 HR and its parameters; the model's feed_data makes the LR on its device
+            yield {"gt": batch[0], "degrade": batch[1]} if degrade else {"lq": batch[0], "gt": batch[1]}
 
 
 class Session:
@@ -151,8 +183,15 @@ class Session:
     def build_model(self, original: Callable[..., Any], opt: dict[str, Any]) -> Any:
         model = original(opt)
         feed, save = model.feed_data, model.save
+        degraders: dict[Any, wdsr.Degrader] = {}
 
         def feed_data(data: dict[str, Any]) -> None:
+            if "degrade" in data:  # a WdsrDataset with degrade=: (lq, gt) made on the model's device, float
+                cfg = self.loader.sr_dataset.config.degrade if self.loader is not None else None
+                if cfg not in degraders:
+                    degraders[cfg] = wdsr.Degrader(cfg).to(model.device)
+                lq, gt = degraders[cfg]((data["gt"], data["degrade"]))
+                data = {**{k: v for k, v in data.items() if k != "degrade"}, "lq": lq, "gt": gt}
             feed(data)  # moves lq/gt to the model's device
             model.lq = wdsr.to_float(model.lq)
             if "gt" in data:

@@ -46,6 +46,7 @@ class WdsrDataModule(pl.LightningDataModule):
         self.dataset: wdsr.SRDataset | None = None
         self.loader: SRLoader | None = None
         self._saved: dict[str, Any] | None = None  # a loader state from the checkpoint, for the loader being built
+        self._degrader: wdsr.Degrader | None = None  # degrade=: made on the first batch's device
 
     def setup(self, stage: str) -> None:
         if stage == "fit" and self.dataset is None:
@@ -63,7 +64,13 @@ class WdsrDataModule(pl.LightningDataModule):
         return self.loader
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """uint8/uint16 tensors of a batch (a tuple or list) to float [0, 1], on the device; the rest as it is."""
+        """uint8/uint16 tensors of a batch (a tuple or list) to float [0, 1], on the device; the rest as it is.
+        With ``degrade=``, the train batch ``(hr, params[, keys])`` becomes ``(lr, hr[, keys])`` by ``wdsr.Degrader``."""
+        cfg = self.dataset_options.get("degrade")
+        if cfg is not None and isinstance(batch, (tuple, list)) and len(batch) >= 2 and isinstance(batch[1], dict):
+            if self._degrader is None:
+                self._degrader = wdsr.Degrader(cfg).to(batch[0].device)
+            return (*self._degrader(batch[:2]), *batch[2:])
         if isinstance(batch, (tuple, list)):
             return type(batch)(_to_float(x) for x in batch)
         return _to_float(batch)
