@@ -1,12 +1,15 @@
 """Real-world degradations: what a worker pays per sample, and what the Degrader costs per batch.
 
-    .venv/bin/python -m bench.degrade_bench [--device cpu|cuda] [--batches 3]
+    .venv/bin/python -m bench.degrade_bench [--device cpu|cuda] [--batches 3] [--stream SECONDS]
 
 Worker: ``draw_params`` for one 256^2 sample (every draw and the three 21 x 21 kernels; target <= 1 ms),
 alone and with the per-sample ``numpy.random.default_rng([seed, epoch, key, j])`` the pipeline makes.
 Device: ``Degrader`` on a batch of 12 x 256^2 real-photo patches (Real-ESRGAN per sample and per batch,
 BSRGAN, arbitrary scale at row 0's draw), then the Real-ESRGAN ops one by one on the same batch; the best of
 ``--batches`` after a warm-up (robust to a shared machine), CUDA synchronised.
+Stream (``--stream S``): the stream bench's 4K x4 QOI shards through ``wdsr bench``'s harness, 1 worker,
+k = 16, HR patch 256, batch 12, S seconds each: stored LR against ``degrade=`` (HR patches + parameters
+per patch; the Degrader is the device's, not run here), alternating twice, medians.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.common import machine_line, md_table, parser, real_photos, report
+from bench.common import machine_line, md_table, parser, real_photos, report, shards
 from wdsr.degrade import ArbitraryScaleConfig, BSRGANConfig, Degrader, RealESRGANConfig, collate_params, draw_params, ops
 from wdsr.degrade.jpeg import DiffJPEG
 
@@ -37,6 +40,25 @@ def worker_us(cfg: RealESRGANConfig | BSRGANConfig | ArbitraryScaleConfig, n: in
     for i in range(n):
         draw_params(cfg, np.random.default_rng([0, 1, i, 0]), SIZE)
     return given, (time.perf_counter() - t0) / n * 1e6
+
+
+def stream_rows(out: Path, seconds: float) -> str:
+    """patches/s of the loader alone (1 worker): stored LR, and degrade= of Real-ESRGAN and BSRGAN."""
+    import statistics
+
+    from wdsr.tools.bench import bench_stream
+
+    url = shards(out, 128)["qoi"]
+    modes: dict[str, Any] = {"stored LR": None, "Real-ESRGAN": RealESRGANConfig(), "BSRGAN": BSRGANConfig()}
+    got: dict[str, list[float]] = {name: [] for name in modes}
+    for r in range(2):
+        for name in list(modes) if r % 2 == 0 else list(modes)[::-1]:
+            extra = {} if modes[name] is None else {"degrade": modes[name]}
+            res = bench_stream(url, workers=1, batch_size=B, patches_per_image=16, patch_size=SIZE, seconds=seconds, **extra)
+            got[name].append(res.patches_per_s)
+    stored = statistics.median(got["stored LR"])
+    rows = [(n, f"{statistics.median(v):.0f}", f"{statistics.median(v) / stored:.2f}") for n, v in got.items()]
+    return md_table(["4K x4 QOI, 1 worker, k=16, 256^2", "patches/s", "/ stored LR"], rows)
 
 
 def batch() -> torch.Tensor:
@@ -67,6 +89,7 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batches", type=int, default=3)
     ap.add_argument("--out", default="bench/out")
+    ap.add_argument("--stream", type=float, default=0.0, metavar="SECONDS", help="also stream: seconds per loader")
     args = ap.parse_args()
     dev = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
@@ -111,10 +134,11 @@ def main() -> int:
         ["12 x 256^2 batch", f"ms ({dev.type}, {torch.get_num_threads()} threads)"],
         [(n, f"{best_ms(f, dev, args.batches):.0f}") for n, f in rows],
     )
+    stream = f"\n\nstream (the loader alone):\n\n{stream_rows(Path(args.out), args.stream)}" if args.stream else ""
     report(
         Path(args.out),
         "degrade_bench",
-        f"{machine_line()}\n\nworker, one 256^2 sample, one thread:\n\n{wtable}\n\ndevice:\n\n{dtable}",
+        f"{machine_line()}\n\nworker, one 256^2 sample, one thread:\n\n{wtable}\n\ndevice:\n\n{dtable}{stream}",
     )
     return 0
 
