@@ -161,3 +161,23 @@ def test_a_corrupt_tile_of_a_remote_sample_skips_it_whole_or_fails(s3, big, tmp_
     assert len(got) == len(good) and ds.stats.totals()["skipped"] == 1  # every batch still comes
     assert all(key not in keys for _, _, keys in got)  # none of its patches: stand-ins from the others
     assert len([r for r in caplog.records if "skipping" in r.getMessage() and key in r.getMessage()]) == 1  # logged once
+
+
+def test_remote_tiled_hr_for_degrade_and_bicubic_reads_the_patches_tiles(s3, big, proxy):
+    """degrade= and lr="bicubic" of remote tiled samples: HR alone (its stored LR never read), the tiles
+    the patches touch fetched together; the batches of local whole images."""
+    url = _upload(s3, big["tiled"], "tiled-hr-only")
+    size = fmt.load(str(big["tiled"])).bytes
+    cfg = wdsr.RealESRGANConfig(gt_size=96)
+    remote = {"storage_options": {"endpoint_url": proxy.endpoint}, "retry": AMPLE}
+    for kw in ({"degrade": cfg}, {"lr": "bicubic"}):
+        want = list(wdsr.make_loader(_dataset(str(big["whole"]), **kw), num_workers=2))
+        ds = _dataset(url, **remote, **kw)
+        loader = wdsr.make_loader(ds, num_workers=2)
+        n0 = len(proxy.exchanges)
+        got = list(loader)
+        assert len(got) == len(want) > 2
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a[0], b[0]) and a[2] == b[2]
+            assert all(torch.equal(a[1][k], b[1][k]) for k in a[1]) if "degrade" in kw else torch.equal(a[1], b[1])
+        assert _body(proxy, n0) < 0.3 * size  # HR tiles of 4 patches; no LR member

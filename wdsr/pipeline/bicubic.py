@@ -40,6 +40,10 @@ class BicubicPair:
         self.lr_hw = (h // scale, w // scale)
         self.tiled = not isinstance(hr, np.ndarray)
 
+    def tile_images(self) -> tuple[Any, ...]:
+        """What a tiled HR reads its tiles through (the stream's read stats; never the whole LR)."""
+        return (self.hr,)
+
     @property
     def lr(self) -> np.ndarray:
         """The whole LR (what ``split="val"`` and ``hwc`` hand out): made from the whole HR."""

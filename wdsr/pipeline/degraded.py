@@ -72,7 +72,7 @@ def param_rows(patches: Sequence[Patch]) -> ParamRows | None:
 
 def as_batch(item: Any) -> Any:
     """A batch as the user gets it: a :class:`ParamRows` in it becomes a dict of tensors."""
-    if isinstance(item, tuple) and len(item) >= 2 and isinstance(item[1], ParamRows):
+    if isinstance(item, (tuple, list)) and len(item) >= 2 and isinstance(item[1], ParamRows):  # a list: DataLoader's
         return (item[0], item[1].tensors(), *item[2:])
     return item
 
