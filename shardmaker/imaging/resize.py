@@ -251,13 +251,14 @@ def _band_lr(
 
 # ---- part of the LR of an image, fast: strided tap passes ----------------------------------------
 class _Taps(NamedTuple):
-    """LR samples ``[o0, o0 + n)`` of an axis of ``length`` HR samples at ``1/s``: which HR samples
+    """The ``n`` LR samples ``[o0, o0 + n)`` of an axis of ``length`` HR samples at ``1/s``: which HR samples
     ``[lo, hi)`` they read (both on the x``s`` grid) and how, from those split by phase (HR sample
     ``lo + s * q + p`` at ``[p, q]``). Outputs ``[first, last)`` are the shift-invariant ones: tap ``k``
     of output ``first + i`` is ``weights[k]`` times ``[phase[k], start[k] + i]``. The few others
     (mirrored at the border) are ``rows``: tap ``k`` of each is ``row_w[:, k]`` times flat sample
     ``row_ix[:, k]`` (``p * (hi - lo) // s + q``)."""
 
+    n: int
     lo: int
     hi: int
     weights: tuple[np.float64, ...]
@@ -293,7 +294,7 @@ def _taps(length: int, s: int, o0: int, n: int) -> _Taps:
     for arr in (rows, w[rows], row_ix):
         arr.flags.writeable = False
     weights = tuple(np.float64(v) for v in w_all[mid])  # numpy scalars: a Python float costs each multiply ~1 us
-    return _Taps(lo, hi, weights, first, last, tuple(a % s for a in at), tuple(a // s for a in at), rows, w[rows], row_ix)
+    return _Taps(n, lo, hi, weights, first, last, tuple(a % s for a in at), tuple(a // s for a in at), rows, w[rows], row_ix)
 
 
 def _by_phase(a: np.ndarray, s: int) -> np.ndarray:
@@ -361,7 +362,8 @@ def downscale_part(
     method: ResizeMethod = ResizeMethod.MATLAB,
 ) -> np.ndarray:
     """``downscale(img, s, method)[r0 : r0 + nr, c0 : c0 + nc]`` for ``rows = (r0, nr)``, ``cols = (c0,
-    nc)``, bit for bit, computing only those LR pixels: what ``crop_lr`` asks for each band or patch.
+    nc)``, bit for bit, computing only those LR pixels (what ``crop_lr`` asks for a band or a patch),
+    a few LR rows at a time so that the float64 work arrays stay within ``_SCRATCH_BYTES``.
 
     At an integer scale each tap of an output away from the border has the same weight and reads
     HR sample ``s * i + k + offset``; with the HR split by phase (``s * q + p`` at ``[p, q]``) a tap pass
@@ -374,22 +376,33 @@ def downscale_part(
         raise ValueError(f"image {w}x{h} is not a multiple of the scale {s}; mod-crop it first")
     if not (0 <= rows[0] and 0 < rows[1] and sum(rows) <= h // s and 0 <= cols[0] and 0 < cols[1] and sum(cols) <= w // s):
         raise ValueError(f"LR rows {rows} x columns {cols} are not in the {w // s}x{h // s} LR")
-    integer_path = method is ResizeMethod.MATLAB_UINT8
-    if integer_path and img.dtype != np.uint8:
+    if method is ResizeMethod.MATLAB_UINT8 and img.dtype != np.uint8:
         raise ValueError("the matlab-uint8 method takes 8-bit images only")
     c = 1 if img.ndim == 2 else img.shape[2]
-    ty, tx = _taps(h, s, *rows), _taps(w, s, *cols)
-    nr, nc = rows[1], cols[1]
+    tx = _taps(w, s, *cols)
+    chunk = max(1, _SCRATCH_BYTES // (8 * s * (tx.hi - tx.lo) * c) - 4)  # LR rows whose HR rows fit
+    out = np.empty((rows[1], cols[1], c), img.dtype)
+    for r0 in range(0, rows[1], chunk):
+        n = min(chunk, rows[1] - r0)
+        out[r0 : r0 + n] = _part(img.reshape(h, w, c), s, _taps(h, s, rows[0] + r0, n), tx, method)
+    return out if img.ndim == 3 else out.reshape(rows[1], cols[1])
+
+
+def _part(img: np.ndarray, s: int, ty: _Taps, tx: _Taps, method: ResizeMethod) -> np.ndarray:
+    """The LR rows of ``ty`` x columns of ``tx`` of ``img`` (h, w, c), as (rows, columns, c) of its dtype."""
+    c, peak = img.shape[2], float(np.iinfo(img.dtype).max)
+    nr, nc = ty.n, tx.n
+    integer_path = method is ResizeMethod.MATLAB_UINT8
     # the HR it reads, split by row phase, as float64 (im2double on the double path)
     x = _scratch(0, (s, (ty.hi - ty.lo) // s, (tx.hi - tx.lo) * c))
     np.copyto(x, _by_phase(img[ty.lo : ty.hi, tx.lo : tx.hi].reshape(ty.hi - ty.lo, -1), s))
     if not integer_path:
-        np.divide(x, float(np.iinfo(img.dtype).max), out=x)
+        np.divide(x, peak, out=x)
     p1 = _scratch(1, (nr, x.shape[2]))
-    _tap_pass(x, ty, p1)  # rows
+    _tap_pass(x, ty, p1)  # rows first, as MATLAB
     if integer_path:
         _round_u8(p1)
-    # columns next: the row pass's output transposed to [column phase, column, row, channel]
+    # then columns: the row pass's output transposed to [column phase, column, row, channel]
     y = _scratch(0, (s, (tx.hi - tx.lo) // s, nr, c))  # x is done with
     np.copyto(_pixels(y.reshape(-1, nr, c)).reshape(s, -1, nr), _by_phase(_pixels(p1.reshape(nr, -1, c)).T, s))
     p2 = _scratch(1, (nc, nr * c))  # p1 is done with
@@ -398,9 +411,9 @@ def downscale_part(
         _round_u8(p2)
     else:  # im2uint8 / im2uint16: clamp to [0, 1], scale, round half up
         np.clip(p2, 0.0, 1.0, out=p2)
-        np.multiply(p2, float(np.iinfo(img.dtype).max), out=p2)
+        np.multiply(p2, peak, out=p2)
         np.add(p2, 0.5, out=p2)
         np.floor(p2, out=p2)
     out = np.empty((nr, nc, c), img.dtype)
     np.copyto(out, p2.reshape(nc, nr, c).swapaxes(0, 1), casting="unsafe")
-    return out if img.ndim == 3 else out.reshape(nr, nc)
+    return out
