@@ -181,3 +181,40 @@ def test_arbitrary_scale_batches_from_the_stream(data):
         assert lr.shape == (4, 3, int(96 / s + 0.5), int(96 / s + 0.5)) and 1.5 <= s <= 4.0
         sides.add(lr.shape[-1])
     assert len(sides) > 2
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_grey_sample_where_the_manifest_records_no_kind_is_skipped_alone(data, tmp_path, workers):
+    """degrade= takes 8-bit RGB: where the manifest does not record the kind, a grey sample is refused
+    from its header (never decoded, never the kind the other samples are held to) and skipped alone."""
+    import io
+    import json
+    import shutil
+
+    from PIL import Image
+
+    from tests.helpers import rewrite
+
+    ds_dir = tmp_path / "mixed-kinds"
+    shutil.copytree(data["hr"], ds_dir)
+    first = json.loads((ds_dir / "manifest.json").read_text())["shards"][0]["keys"][0]
+
+    def grey(name: str, payload: bytes) -> tuple[str, bytes]:
+        if not name.startswith(first + ".hr"):
+            return name, payload
+        out = io.BytesIO()
+        Image.open(io.BytesIO(payload)).convert("L").save(out, format="PNG")
+        return name, out.getvalue()
+
+    rewrite(ds_dir, 0, grey)
+    m = json.loads((ds_dir / "manifest.json").read_text())
+    m.pop("channels"), m.pop("bit_depth")
+    (ds_dir / "manifest.json").write_text(json.dumps(m))
+    for idx in ds_dir.glob("*.idx"):
+        idx.unlink()
+    ds = _ds(ds_dir, on_error="skip", verify="none")
+    got = _batches(ds, workers=workers)
+    keys = {k for *_, ks in got for k in ks}
+    assert first not in keys and len(keys) == 3, keys
+    with pytest.raises(wdsr.SampleError, match="is 8-bit grey, but the dataset .* is 8-bit RGB \\(as degrade= takes\\)"):
+        _batches(_ds(ds_dir, verify="none"))

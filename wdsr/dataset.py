@@ -106,6 +106,8 @@ class SRDataset(IterableDataset):
             parts = [(f, fmt.load(f, storage_options, compact=True)) for f in folders]
             _refuse_duplicates(folders, [m.digest for _, m in parts])
         kind = Kind.of(parts)  # one for all sources of a mix: their batches are stacked together
+        if self.config.degrade is not None:  # 8-bit RGB or nothing: a sample of another kind is refused from its header
+            kind.channels, kind.bit_depth, kind.required_by = kind.channels or 3, kind.bit_depth or 8, "degrade="
         sources = []
         for folder, m in parts:
             if self.config.degrade is not None:

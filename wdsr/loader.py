@@ -269,7 +269,8 @@ def _batch_bytes(ds: SRDataset) -> int:
     if o.clip is not None:  # windows: T LR frames, and T HR frames (recurrent) or the centre one
         hr_frames = 1 if o.clip.window == "center" else o.clip.frames
         return o.batch_size * per_pixel * (o.clip.frames * p * p + hr_frames * o.patch_size * o.patch_size)
-    return o.batch_size * per_pixel * (p * p + o.patch_size * o.patch_size)
+    lr = 0 if o.degrade is not None else p * p  # degrade=: HR alone (its LR is made on the device)
+    return o.batch_size * per_pixel * (lr + o.patch_size * o.patch_size)
 
 
 def to_float(x: torch.Tensor) -> torch.Tensor:

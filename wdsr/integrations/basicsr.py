@@ -82,6 +82,23 @@ def degrade_option(value: Any, scale: int, gt_size: int) -> Any:
     if name not in DEGRADE_TYPES:
         raise ValueError(f"datasets.train.degrade: type {name!r} is not one of {', '.join(DEGRADE_TYPES)}")
     cls = getattr(wdsr, DEGRADE_TYPES[name])
+    if name == "arbitrary" and scale != 1:
+        raise ValueError(
+            f"datasets.train.degrade: arbitrary draws the scale per batch: give the top-level `scale: 1` (got {scale}); "
+            "HR patches are then cut on the HR grid"
+        )
+    if name == "realesrgan" and "blur_kernel_size2" in fields:  # Real-ESRGAN's yml names both rounds' size
+        second = fields.pop("blur_kernel_size2")
+        if second != fields.get("blur_kernel_size", 21):
+            raise ValueError(
+                f"datasets.train.degrade: blur_kernel_size2 {second!r} differs from blur_kernel_size: wdsr pads every "
+                "kernel to one size (blur_kernel_size)"
+            )
+    if "queue_size" in fields:
+        raise ValueError(
+            "datasets.train.degrade: queue_size: wdsr keeps no training-pair pool (parameters are drawn per patch and the "
+            "shuffle buffer mixes the batches); leave it out"
+        )
     known = set(cls.__dataclass_fields__) - {"scale", "gt_size"}
     unknown = sorted(set(fields) - known)
     if unknown:
@@ -89,9 +106,8 @@ def degrade_option(value: Any, scale: int, gt_size: int) -> Any:
             f"datasets.train.degrade: unknown field {unknown[0]!r} of {cls.__name__} (known: {', '.join(sorted(known))})"
         )
     lists = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}  # YAML lists -> the config's tuples
-    grid = 1 if name == "arbitrary" else scale  # an arbitrary-scale run cuts HR patches on the HR grid
     try:
-        return cls(scale=grid, gt_size=gt_size, **lists)
+        return cls(scale=scale, gt_size=gt_size, **lists)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"datasets.train.degrade: {exc}") from None
 
@@ -187,7 +203,7 @@ class Session:
 
         def feed_data(data: dict[str, Any]) -> None:
             if "degrade" in data:  # a WdsrDataset with degrade=: (lq, gt) made on the model's device, float
-                cfg = self.loader.sr_dataset.config.degrade if self.loader is not None else None
+                cfg: Any = self.loader.sr_dataset.config.degrade if self.loader is not None else None
                 if cfg not in degraders:
                     degraders[cfg] = wdsr.Degrader(cfg).to(model.device)
                 lq, gt = degraders[cfg]((data["gt"], data["degrade"]))

@@ -138,6 +138,7 @@ class Kind:
     bit_depth: int | None = None
     recorded: bool = False  # both fields came from the manifest(s)
     fixed_by: str | None = None  # the key of the sample that fixed what was not recorded
+    required_by: str | None = None  # what asked for this kind where the manifest does not say (e.g. "degrade=")
 
     @classmethod
     def of(cls, parts: Sequence[tuple[str, Manifest]]) -> Kind:
@@ -164,6 +165,8 @@ class Kind:
         ):
             return
         source = "as recorded" if self.fixed_by is None else f"as its first sample {self.fixed_by!r} decoded here was"
+        if self.required_by is not None and not self.recorded:
+            source = f"as {self.required_by} takes"
         raise SampleError(
             shard,
             key,

@@ -19,6 +19,8 @@ import json
 import os
 from typing import Any
 
+import numpy as np
+
 from shardmaker import compat, storage
 from shardmaker.clikit import parse_size
 from shardmaker.errors import brief
@@ -288,9 +290,13 @@ def degrade_config(name: Any, scale: int, patch_size: int, where: str) -> Any:
     import wdsr.degrade
 
     try:
-        return getattr(wdsr.degrade, DEGRADE_MODELS[name])(scale=scale, gt_size=patch_size)
+        cfg = getattr(wdsr.degrade, DEGRADE_MODELS[name])(scale=scale, gt_size=patch_size)
+        wdsr.degrade.draw_params(cfg, np.random.default_rng(0), patch_size)  # a patch too small for its kernels
     except ValueError as exc:
-        raise ConfigError(f"{'' if where == 'flags' else where + ': '}--degrade {name}: {exc}") from None
+        raise ConfigError(
+            f"{'' if where == 'flags' else where + ': '}--degrade {name} (--patch-size {patch_size}): {exc}"
+        ) from None
+    return cfg
 
 
 def dataset_config(settings: dict[str, Any], where: str) -> DatasetConfig:

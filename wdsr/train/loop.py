@@ -73,7 +73,15 @@ def open_data(cfg: TrainConfig) -> tuple[SRDataset, SRDataset | None]:
     val = None
     if cfg.val_data and cfg.val_every:
         d = cfg.dataset
-        val = SRDataset(cfg.val_data, scale=d.scale, split="val", tile=cfg.val_tile, on_error=d.on_error)
+        try:
+            val = SRDataset(cfg.val_data, scale=d.scale, split="val", tile=cfg.val_tile, on_error=d.on_error)
+        except ValueError as exc:
+            if "HR-only" in str(exc):  # the dataset's advice (lr='bicubic') is not a train setting
+                raise ConfigError(
+                    f"--val-data {cfg.val_data}: an HR-only dataset; validation compares with stored LR: give a dataset "
+                    f"built with --scale {d.scale}"
+                ) from None
+            raise
     return train, val
 
 
@@ -176,7 +184,7 @@ _FIXED = ("model", "scale")
 # what a resume may change, but a researcher should see changed (run.json is the settings of the last start)
 _NOTED = (
     *("data", "lr", "schedule", "lr_step", "lr_gamma", "patch_size", "patches_per_image", "batch_size", "seed"),
-    *("clip_frames", "clip_interval", "clip_window", "clip_reverse"),
+    *("clip_frames", "clip_interval", "clip_window", "clip_reverse", "degrade"),
 )
 
 
