@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from shardmaker.imaging.resize import BAND_PIXELS, ResizeMethod, crop_lr
+from shardmaker.imaging.croplr import BAND_PIXELS, crop_lr
+from shardmaker.imaging.resize import ResizeMethod
 
 __all__ = ["BAND_PIXELS", "DEFAULT_REGION", "Region", "plan_regions", "region_lr", "valid_share"]
 
@@ -76,7 +77,7 @@ def region_lr(
 ) -> np.ndarray:
     """The x``scale`` LR of ``region``: the crop of ``downscale(mod_crop(image))`` it covers, computed
     from the region and a margin read through ``read`` (never the whole image), in bands of about
-    ``band_pixels`` HR pixels (:func:`shardmaker.imaging.resize.crop_lr`)."""
+    ``band_pixels`` HR pixels (:func:`shardmaker.imaging.croplr.crop_lr`)."""
     return crop_lr(read, image_hw, (region.y, region.x, region.h, region.w), scale, method, band_pixels)
 
 

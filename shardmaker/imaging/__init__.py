@@ -6,8 +6,9 @@ from the tiles it touches), ``regions`` (large TIFF sources read region by regio
 A public door of ``shardmaker``: ``wdsr`` uses the names below and nothing else from here."""
 
 from shardmaker.imaging.codecs import Codec, ImageDataError, decode, encode, load_source
+from shardmaker.imaging.croplr import crop_lr
 from shardmaker.imaging.regions import TiffRegions, is_tiff
-from shardmaker.imaging.resize import ResizeMethod, crop_lr, downscale, upscale
+from shardmaker.imaging.resize import ResizeMethod, downscale, upscale
 from shardmaker.imaging.tiled import TiledImage, decode_region, encode_tiled, read_layout
 
 __all__ = [

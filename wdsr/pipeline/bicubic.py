@@ -6,7 +6,7 @@ The patch positions are the stored-LR ones (the same draws on the same LR grid, 
 floor(W / s)``), so a dataset streamed with ``lr="bicubic"`` gives the batches it gives with its stored
 MATLAB LR, and any integer scale works from one dataset, HR-only ones (``shardmaker build --hr-only``)
 included. The margin is ``3 * s`` HR pixels clipped to the mod-cropped image, where the kernel's
-mirroring happens as it does for the whole image (``shardmaker.imaging.resize.crop_lr``).
+mirroring happens as it does for the whole image (``shardmaker.imaging.croplr.crop_lr``).
 """
 
 from __future__ import annotations
