@@ -76,6 +76,13 @@ class BicubicPair:
         bounds = (lh - p + 1, lw - p + 1, N_DIHEDRAL if spec.augment else 1)
         js = np.arange(first, first + count)
         firsts = draws(base, js, 0, bounds)
+        if self.tiled:  # a remote tiled HR fetches the tiles of every first try (patch and margin) at once
+            m, (ih, iw) = 3 * s, self.image_hw
+            boxes = []
+            for y, x, _ in firsts.tolist():
+                y0, x0 = max(0, s * y - m), max(0, s * x - m)
+                boxes.append((y0, x0, min(ih, s * (y + p) + m) - y0, min(iw, s * (x + p) + m) - x0))
+            self.hr.prefetch(boxes)
         out, rejected = [], 0
         for n, j in enumerate(js.tolist()):
             y, x, t = (int(v) for v in firsts[n])
