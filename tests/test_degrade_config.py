@@ -57,6 +57,7 @@ BAD_REALESRGAN = [
     ({"sinc_prob": 1.5}, "sinc_prob is a probability"),
     ({"kernel_list": ("iso", "box", "aniso", "plateau_iso", "plateau_aniso", "generalized_iso")}, "unknown kernel types"),
     ({"gt_size": 250}, "gt_size 250 must be a positive multiple of scale 4"),
+    ({"granularity": "pool"}, "granularity must be 'sample' or 'batch'"),
 ]
 
 
@@ -89,6 +90,14 @@ def test_bad_degrader_use() -> None:
         draw_params(RealESRGANConfig(), np.random.default_rng(0), 66)
     with pytest.raises(ValueError, match="uint8"):
         Degrader(RealESRGANConfig())(torch.zeros(1, 3, 64, 64), {})
+
+
+def test_a_config_names_its_degraders_granularity() -> None:
+    """``RealESRGANConfig(granularity="batch")`` (a YAML or a data module passes a config, not a Degrader):
+    what ``Degrader(cfg)`` applies unless told otherwise."""
+    assert Degrader(RealESRGANConfig()).granularity == "sample"
+    assert Degrader(RealESRGANConfig(granularity="batch")).granularity == "batch"
+    assert Degrader(RealESRGANConfig(granularity="batch"), granularity="sample").granularity == "sample"
 
 
 @pytest.fixture(scope="module")

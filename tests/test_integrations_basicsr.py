@@ -193,8 +193,16 @@ def test_basicsr_degrade_option() -> None:
     assert got.kernel_list == ("iso", "aniso") and got.noise_range == (1, 20) and not got.gt_usm and got.gt_size == 256
     arb = dataset_options(opt | {"scale": 1, "degrade": {"type": "arbitrary", "scale_range": [1, 4]}})[1]["degrade"]
     assert arb == wdsr.ArbitraryScaleConfig(scale_range=(1, 4), gt_size=256)
+    batch = dataset_options(opt | {"degrade": {"type": "realesrgan", "granularity": "batch"}})[1]["degrade"]
+    assert wdsr.Degrader(batch).granularity == "batch"  # Real-ESRGAN's per-batch draws
+    yml = {"type": "realesrgan", "blur_kernel_size": 21, "blur_kernel_size2": 21, "final_sinc_prob": 0.8}  # the yml's names
+    assert dataset_options(opt | {"degrade": yml})[1]["degrade"] == wdsr.RealESRGANConfig(gt_size=256)
+    with pytest.raises(ValueError, match="give the top-level `scale: 1` \\(got 4\\)"):
+        dataset_options(opt | {"degrade": "arbitrary"})
     for bad, message in (
         ("realesrnet", "type 'realesrnet' is not one of"),
+        ({"type": "realesrgan", "blur_kernel_size2": 15}, "blur_kernel_size2 15 differs"),
+        ({"type": "realesrgan", "queue_size": 180}, "queue_size: wdsr keeps no training-pair pool"),
         ({"type": "bsrgan", "noise": 3}, "unknown field 'noise'"),
         ({"type": "realesrgan", "jpeg_range": [95, 30]}, "jpeg_range must be"),
     ):

@@ -83,9 +83,13 @@ class RealESRGANConfig:
     gray_noise_prob2: float = 0.4
     jpeg_range2: Range = (30.0, 95.0)
     final_order_prob: float = 0.5
+    # what a Degrader(cfg) applies by default: each sample's own draws, or row 0's per-batch ones (Real-ESRGAN's)
+    granularity: str = "sample"
 
     def __post_init__(self) -> None:
         _scale(self.scale, self.gt_size)
+        if self.granularity not in ("sample", "batch"):
+            raise ValueError(f"granularity must be 'sample' or 'batch', got {self.granularity!r}")
         _odd("blur_kernel_size", self.blur_kernel_size)
         if not self.kernel_sizes:
             raise ValueError("kernel_sizes is empty")

@@ -60,6 +60,7 @@ class Degrader(torch.nn.Module):
         self.cfg = cfg
         self.pipeline: realesrgan.RealESRGANPipeline | bsrgan.BSRGANPipeline | arbitrary.ArbitraryScalePipeline
         if isinstance(cfg, RealESRGANConfig):
+            granularity = granularity or cfg.granularity
             self.pipeline = realesrgan.RealESRGANPipeline(cfg)
         elif isinstance(cfg, BSRGANConfig):
             if granularity == "batch":
