@@ -66,7 +66,7 @@ class BicubicPair:
     def cut_own(self, spec: Any, base: np.uint64, first: int, count: int) -> tuple[list[Any], int]:
         """Patches ``first ..`` at the positions the stored LR would give them (rejection of flat
         patches included: the LR of each try is made to measure it)."""
-        from wdsr.pipeline.patches import Patch, draws
+        from wdsr.pipeline.patches import Patch, best_try, draws
 
         s, p = spec.scale, spec.patch_size // spec.scale
         lh, lw = self.lr_hw
@@ -84,23 +84,17 @@ class BicubicPair:
                 boxes.append((y0, x0, min(ih, s * (y + p) + m) - y0, min(iw, s * (x + p) + m) - x0))
             self.hr.prefetch(boxes)
         out, rejected = [], 0
-        for n, j in enumerate(js.tolist()):
-            y, x, t = (int(v) for v in firsts[n])
+
+        def lr_std(y: int, x: int) -> tuple[float, np.ndarray]:  # the LR of each try, made to measure it
             lr = self.lr_patch(y, x, p, p)
-            if spec.min_patch_std is not None:  # as patches.cut does, the LR of each try made to measure it
-                best: tuple[float, int, int, np.ndarray] | None = None
-                for tr in range(spec.max_tries):
-                    if tr:
-                        y, x = (int(v) for v in draws(base, np.array([j]), tr, bounds)[0][:2])
-                        lr = self.lr_patch(y, x, p, p)
-                    std = float(lr.std())
-                    if best is None or std > best[0]:
-                        best = (std, y, x, lr)
-                    if std >= spec.min_patch_std:
-                        break
-                    rejected += 1
-                assert best is not None
-                _, y, x, lr = best
+            return float(lr.std()), lr
+
+        for n, j in enumerate(js.tolist()):
+            y, x, lr, r = best_try(spec, base, j, firsts[n], bounds, lr_std)
+            rejected += r
+            t = int(firsts[n][2])
+            if lr is None:
+                lr = self.lr_patch(y, x, p, p)
             hr = np.asarray(self.hr[s * y : s * (y + p), s * x : s * (x + p)])
             out.append(Patch(patch_source(lr, t), patch_source(hr, t), t, False, self.key, j))
         self.decode_ns += time.perf_counter_ns() - t0  # making LR is this path's decode of LR

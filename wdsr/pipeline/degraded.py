@@ -103,9 +103,9 @@ class DegradePair:
 
     def cut_own(self, spec: Any, base: np.uint64, first: int, count: int) -> tuple[list[Patch], int]:
         """Patches ``first ..`` at the stored-LR positions (flat patches rejected by their HR's std),
-        each with the parameters :func:`wdsr.degrade.draw_params` draws for it."""
-        from wdsr.degrade import draw_params
-        from wdsr.pipeline.patches import draws
+        each with the parameters :func:`wdsr.degrade.draw_arrays` draws for it."""
+        from wdsr.degrade import draw_arrays
+        from wdsr.pipeline.patches import best_try, draws
 
         s, p = spec.scale, spec.patch_size // spec.scale
         lh, lw = self.lr_hw
@@ -118,23 +118,17 @@ class DegradePair:
             self.hr.prefetch([(s * y, s * x, s * p, s * p) for y, x, _ in firsts.tolist()])
         out: list[Patch] = []
         rejected = 0
-        for n, j in enumerate(js.tolist()):
-            y, x, t = (int(v) for v in firsts[n])
+
+        def hr_std(y: int, x: int) -> tuple[float, np.ndarray]:  # the HR patch decides: there is no LR yet
             hr = np.asarray(self.hr[s * y : s * (y + p), s * x : s * (x + p)])
-            if spec.min_patch_std is not None:
-                best: tuple[float, np.ndarray] | None = None
-                for tr in range(spec.max_tries):
-                    if tr:
-                        y, x = (int(v) for v in draws(base, np.array([j]), tr, bounds)[0][:2])
-                        hr = np.asarray(self.hr[s * y : s * (y + p), s * x : s * (x + p)])
-                    std = float(hr.std())
-                    if best is None or std > best[0]:
-                        best = (std, hr)
-                    if std >= spec.min_patch_std:
-                        break
-                    rejected += 1
-                assert best is not None
-                hr = best[1]
-            params = {k: v.numpy() for k, v in draw_params(self.cfg, seeds.degrade(base, j), spec.patch_size).items()}
+            return float(hr.std()), hr
+
+        for n, j in enumerate(js.tolist()):
+            y, x, hr, r = best_try(spec, base, j, firsts[n], bounds, hr_std)
+            rejected += r
+            t = int(firsts[n][2])
+            if hr is None:
+                hr = np.asarray(self.hr[s * y : s * (y + p), s * x : s * (x + p)])
+            params = draw_arrays(self.cfg, seeds.degrade(base, j), spec.patch_size)
             out.append(HRPatch(patch_source(hr, t), t, self.key, j, params))
         return out, rejected

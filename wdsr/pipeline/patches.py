@@ -7,7 +7,7 @@ do not depend on world size, worker count or reading order, and any patch is com
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -140,6 +140,30 @@ def draws(base: np.uint64, js: np.ndarray, tr: int, bounds: tuple[int, int, int]
     return ((h >> _S32) * np.array(bounds, dtype=np.uint64)) >> _S32
 
 
+def best_try(
+    spec: PatchConfig, base: np.uint64, j: int, first: Any, bounds: tuple[int, int, int], measure: Callable[[int, int], Any]
+) -> tuple[int, int, Any, int]:
+    """Where patch ``j`` goes: its try-0 draw ``first`` (y, x, ...); with ``min_patch_std``, the first of
+    up to ``max_tries`` draws whose ``measure(y, x) -> (std, made)`` reaches it, else the least flat.
+    Returns ``(y, x, made, rejected)``; ``made`` is what the chosen try's measure made (None untried)."""
+    y, x = int(first[0]), int(first[1])
+    if spec.min_patch_std is None:
+        return y, x, None, 0
+    best: tuple[float, int, int, Any] | None = None
+    rejected = 0
+    for tr in range(spec.max_tries):
+        if tr:
+            y, x = (int(v) for v in draws(base, np.array([j]), tr, bounds)[0][:2])
+        std, made = measure(y, x)
+        if best is None or std > best[0]:
+            best = (std, y, x, made)
+        if std >= spec.min_patch_std:
+            break
+        rejected += 1
+    assert best is not None
+    return best[1], best[2], best[3], rejected
+
+
 def cut(pair: DecodedPair, spec: PatchConfig, base: np.uint64, j: int, first: np.ndarray | None = None) -> tuple[Patch, int]:
     """Patch ``j`` (and how many candidates were rejected as flat); ``first``: its try-0 draws."""
     s, p = spec.scale, spec.patch_size // spec.scale
@@ -148,22 +172,12 @@ def cut(pair: DecodedPair, spec: PatchConfig, base: np.uint64, j: int, first: np
         raise SampleError(pair.shard, pair.key, f"LR {lw}x{lh} is smaller than the LR patch {p}x{p}")
     bounds = (lh - p + 1, lw - p + 1, N_DIHEDRAL if spec.augment else 1)
     d = first if first is not None else draws(base, np.array([j]), 0, bounds)[0]
-    y, x, t = int(d[0]), int(d[1]), int(d[2])
-    rejected = 0
-    if spec.min_patch_std is not None:
-        best: tuple[float, int, int] | None = None
-        for tr in range(spec.max_tries):
-            if tr:
-                d = draws(base, np.array([j]), tr, bounds)[0]
-            cy, cx = int(d[0]), int(d[1])
-            std = float((pair.lr[:, cy : cy + p, cx : cx + p] if pair.chw else pair.lr[cy : cy + p, cx : cx + p]).std())
-            if best is None or std > best[0]:
-                best = (std, cy, cx)
-            if std >= spec.min_patch_std:
-                break
-            rejected += 1
-        assert best is not None
-        _, y, x = best
+    t = int(d[2])
+
+    def lr_std(cy: int, cx: int) -> tuple[float, None]:
+        return float((pair.lr[:, cy : cy + p, cx : cx + p] if pair.chw else pair.lr[cy : cy + p, cx : cx + p]).std()), None
+
+    y, x, _, rejected = best_try(spec, base, j, d, bounds, lr_std)
     if pair.chw:  # planar arrays (the decoded cache)
         lr_v, hr_v = pair.lr[:, y : y + p, x : x + p], pair.hr[:, s * y : s * (y + p), s * x : s * (x + p)]
     else:
