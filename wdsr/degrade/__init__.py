@@ -14,6 +14,6 @@ torch generators seeded by those parameters, so a sample's LR depends on its par
 ``ArbitraryScaleConfig`` is per batch alone (row 0's float scale: one LR size per batch)."""
 
 from wdsr.degrade.config import ArbitraryScaleConfig, BSRGANConfig, RealESRGANConfig
-from wdsr.degrade.degrader import Degrader, collate_params, draw_params
+from wdsr.degrade.degrader import Degrader, collate_params, draw_arrays, draw_params
 
-__all__ = ["ArbitraryScaleConfig", "BSRGANConfig", "Degrader", "RealESRGANConfig", "collate_params", "draw_params"]
+__all__ = ["ArbitraryScaleConfig", "BSRGANConfig", "Degrader", "RealESRGANConfig", "collate_params", "draw_arrays", "draw_params"]

@@ -34,12 +34,12 @@ def lr_side(hr_side: int, scale: float) -> int:
     return side
 
 
-def draw_params(cfg: ArbitraryScaleConfig, rng: np.random.Generator, patch_size: int) -> Params:
+def draw_arrays(cfg: ArbitraryScaleConfig, rng: np.random.Generator, patch_size: int) -> dict[str, np.ndarray]:
     """One sample's scale, uniform on ``cfg.scale_range``, from ``rng``."""
     if patch_size % cfg.scale:
         raise ValueError(f"patch_size {patch_size} is not a multiple of scale {cfg.scale}")
     lr_side(patch_size, cfg.scale_range[1])  # the largest scale still leaves an LR
-    return {"scale": torch.tensor(float(rng.uniform(*cfg.scale_range)), dtype=torch.float64)}
+    return {"scale": np.array(float(rng.uniform(*cfg.scale_range)), dtype=np.float64)}
 
 
 def _bicubic(x: np.ndarray) -> np.ndarray:

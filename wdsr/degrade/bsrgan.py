@@ -95,8 +95,8 @@ def _noise_factor(rng: np.random.Generator, cfg: BSRGANConfig) -> np.ndarray:
     return np.sqrt(s)[:, None] * vh
 
 
-def draw_params(cfg: BSRGANConfig, rng: np.random.Generator, patch_size: int) -> Params:
-    """One sample's BSRGAN parameters (module docstring), all from ``rng``."""
+def draw_arrays(cfg: BSRGANConfig, rng: np.random.Generator, patch_size: int) -> dict[str, np.ndarray]:
+    """One sample's BSRGAN parameters (module docstring), all from ``rng``. (numpy arrays)"""
     pad = max(max(cfg.blur_sizes), SHIFT_SIZE)
     if patch_size % cfg.scale or patch_size // (2 * cfg.scale) <= pad // 2:
         raise ValueError(f"patch_size {patch_size} must be a multiple of scale {cfg.scale} above {2 * cfg.scale * (pad // 2)}")
@@ -112,17 +112,17 @@ def draw_params(cfg: BSRGANConfig, rng: np.random.Generator, patch_size: int) ->
     shifted = shift_kernel(fspecial_gaussian(SHIFT_SIZE, rng.uniform(0.1, 0.6 * sf)), sf)
     shifted = shifted[::-1, ::-1] / shifted.sum()  # ndimage.convolve flips; filter2d correlates
     return {
-        "pre_down": torch.tensor(pre),
-        "order": torch.from_numpy(order.astype(np.int64)),
-        "blur_kernel": torch.from_numpy(blurs).float(),
-        "down2_resize": torch.tensor(rng.uniform() < cfg.down2_prob),
-        "down2_scale": torch.tensor(rng.uniform(1.0, 2.0 * sf), dtype=torch.float64),
-        "down2_kernel": torch.from_numpy(np.pad(shifted, (pad - SHIFT_SIZE) // 2)).float(),
-        "resize_mode": torch.from_numpy(rng.integers(0, 3, size=2)),
-        "noise_factor": torch.from_numpy(_noise_factor(rng, cfg)).float(),
-        "jpeg": torch.tensor(rng.uniform() < cfg.jpeg_prob),
-        "jpeg_quality": torch.from_numpy(rng.integers(cfg.jpeg_range[0], cfg.jpeg_range[1] + 1, size=2)).float(),
-        "noise_seed": torch.tensor(int(rng.integers(0, 2**63 - 1))),
+        "pre_down": np.array(pre, dtype=np.int64),
+        "order": order.astype(np.int64),
+        "blur_kernel": blurs.astype(np.float32),
+        "down2_resize": np.array(rng.uniform() < cfg.down2_prob),
+        "down2_scale": np.array(rng.uniform(1.0, 2.0 * sf), dtype=np.float64),
+        "down2_kernel": np.pad(shifted, (pad - SHIFT_SIZE) // 2).astype(np.float32),
+        "resize_mode": rng.integers(0, 3, size=2),
+        "noise_factor": _noise_factor(rng, cfg).astype(np.float32),
+        "jpeg": np.array(rng.uniform() < cfg.jpeg_prob),
+        "jpeg_quality": rng.integers(cfg.jpeg_range[0], cfg.jpeg_range[1] + 1, size=2).astype(np.float32),
+        "noise_seed": np.array(int(rng.integers(0, 2**63 - 1)), dtype=np.int64),
     }
 
 

@@ -17,15 +17,21 @@ GRANULARITIES = ("sample", "batch")
 CONFIGS = "a RealESRGANConfig, BSRGANConfig or ArbitraryScaleConfig"
 
 
-def draw_params(cfg: Config, rng: np.random.Generator, patch_size: int) -> Params:
-    """One sample's degradation parameters from ``rng`` (kernels built here, in the worker)."""
+def draw_arrays(cfg: Config, rng: np.random.Generator, patch_size: int) -> dict[str, np.ndarray]:
+    """One sample's degradation parameters from ``rng`` as numpy arrays (kernels built here, in the
+    worker): what the stream hands on, stacked per batch, without a tensor per sample."""
     if isinstance(cfg, RealESRGANConfig):
-        return realesrgan.draw_params(cfg, rng, patch_size)
+        return realesrgan.draw_arrays(cfg, rng, patch_size)
     if isinstance(cfg, BSRGANConfig):
-        return bsrgan.draw_params(cfg, rng, patch_size)
+        return bsrgan.draw_arrays(cfg, rng, patch_size)
     if isinstance(cfg, ArbitraryScaleConfig):
-        return arbitrary.draw_params(cfg, rng, patch_size)
+        return arbitrary.draw_arrays(cfg, rng, patch_size)
     raise TypeError(f"draw_params expects {CONFIGS}, got {type(cfg).__name__}")
+
+
+def draw_params(cfg: Config, rng: np.random.Generator, patch_size: int) -> Params:
+    """One sample's degradation parameters from ``rng``, as tensors (:func:`draw_arrays`)."""
+    return {k: torch.from_numpy(v) for k, v in draw_arrays(cfg, rng, patch_size).items()}
 
 
 def collate_params(samples: Sequence[Params]) -> Params:

@@ -69,8 +69,9 @@ def _resize_scale(rng: np.random.Generator, probs: tuple[float, float, float], l
     return float(rng.uniform(1.0, lo_hi[1])) if updown == 0 else float(rng.uniform(lo_hi[0], 1.0)) if updown == 1 else 1.0
 
 
-def draw_params(cfg: RealESRGANConfig, rng: np.random.Generator, patch_size: int) -> Params:
-    """One sample's parameters (table above), every draw from ``rng``; the kernels are built here."""
+def draw_arrays(cfg: RealESRGANConfig, rng: np.random.Generator, patch_size: int) -> dict[str, np.ndarray]:
+    """One sample's parameters (table above) as numpy arrays, every draw from ``rng``; the kernels are
+    built here (``degrader.draw_params`` makes them tensors; the stream keeps them numpy until the batch)."""
     if patch_size % cfg.scale:
         raise ValueError(f"patch_size {patch_size} is not a multiple of scale {cfg.scale}")
     smallest = min(int(patch_size * cfg.resize_range[0]), patch_size // cfg.scale)  # what a kernel may blur
@@ -96,19 +97,19 @@ def draw_params(cfg: RealESRGANConfig, rng: np.random.Generator, patch_size: int
         )
     gaussian, sigma, pscale, gray, quality = zip(*rounds, strict=True)
     return {
-        "kernel1": torch.from_numpy(kernels[0]).float(),
-        "kernel2": torch.from_numpy(kernels[1]).float(),
-        "sinc_kernel": torch.from_numpy(kernels[2]).float(),
-        "resize_scale": torch.tensor(scales, dtype=torch.float64),
-        "resize_mode": torch.from_numpy(rng.integers(0, len(ops.RESIZE_MODES), size=3)),
-        "gaussian": torch.tensor(gaussian),
-        "noise_sigma": torch.tensor(sigma, dtype=torch.float32),
-        "poisson_scale": torch.tensor(pscale, dtype=torch.float32),
-        "gray_noise": torch.tensor(gray),
-        "jpeg_quality": torch.tensor(quality, dtype=torch.float32),
-        "second_blur": torch.tensor(rng.uniform() < cfg.second_blur_prob),
-        "sinc_first": torch.tensor(rng.uniform() < cfg.final_order_prob),
-        "noise_seed": torch.from_numpy(rng.integers(0, 2**63 - 1, size=2, dtype=np.int64)),
+        "kernel1": kernels[0].astype(np.float32),
+        "kernel2": kernels[1].astype(np.float32),
+        "sinc_kernel": kernels[2].astype(np.float32),
+        "resize_scale": np.array(scales, dtype=np.float64),
+        "resize_mode": rng.integers(0, len(ops.RESIZE_MODES), size=3),
+        "gaussian": np.array(gaussian, dtype=bool),
+        "noise_sigma": np.array(sigma, dtype=np.float32),
+        "poisson_scale": np.array(pscale, dtype=np.float32),
+        "gray_noise": np.array(gray, dtype=bool),
+        "jpeg_quality": np.array(quality, dtype=np.float32),
+        "second_blur": np.array(rng.uniform() < cfg.second_blur_prob),
+        "sinc_first": np.array(rng.uniform() < cfg.final_order_prob),
+        "noise_seed": rng.integers(0, 2**63 - 1, size=2, dtype=np.int64),
     }
 
 
