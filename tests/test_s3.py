@@ -21,7 +21,7 @@ from shardmaker.cli import main as shardmaker_main
 from shardmaker.format.manifest import load
 from tests.faultproxy import FaultProxy
 from tests.helpers import S3_BUCKET, FakeClock, build_shards, photos, save, torchrun, wait_until
-from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Server, free_port
+from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Server, free_port, s3fs_for
 
 # Retry policies. None of them makes an assertion depend on the machine's speed:
 # - FAST: a held response is given up on after 2 s of silence. Only for tests that need a stall
@@ -33,12 +33,6 @@ from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Server, free_port
 FAST = wdsr.Retry(attempts=6, backoff_s=0.05, max_backoff_s=0.5, timeout_s=2.0)
 AMPLE = wdsr.Retry(attempts=30, backoff_s=0.05, max_backoff_s=0.5, timeout_s=2.0)
 PATIENT = wdsr.Retry(attempts=6, backoff_s=0.05, max_backoff_s=0.5, timeout_s=600.0)
-
-
-def s3fs_for(endpoint: str, secret: str = SECRET_KEY) -> s3fs.S3FileSystem:
-    return s3fs.S3FileSystem(
-        key=ACCESS_KEY, secret=secret, endpoint_url=endpoint, client_kwargs={"region_name": REGION}, skip_instance_cache=True
-    )
 
 
 def batches(ds: wdsr.SRDataset, workers: int = 2, epoch: int = 0, loader=None) -> list[tuple[str, str, tuple]]:

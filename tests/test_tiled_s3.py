@@ -11,14 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import s3fs
 import torch
 
 import wdsr
 from shardmaker import format as fmt
 from tests.faultproxy import FaultProxy
 from tests.helpers import S3_BUCKET, build_shards, mosaic, rewrite, save
-from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY
+from tests.s3server import s3fs_for
 
 AMPLE = wdsr.Retry(attempts=30, backoff_s=0.05, max_backoff_s=0.5, timeout_s=2.0)
 
@@ -46,13 +45,7 @@ def proxy(s3):
 
 
 def _upload(s3, local: Path, prefix: str) -> str:
-    fs = s3fs.S3FileSystem(
-        key=ACCESS_KEY,
-        secret=SECRET_KEY,
-        endpoint_url=s3.endpoint,
-        client_kwargs={"region_name": REGION},
-        skip_instance_cache=True,
-    )
+    fs = s3fs_for(s3.endpoint)
     fs.put(str(local) + "/", f"{S3_BUCKET}/{prefix}/", recursive=True)
     return f"s3://{S3_BUCKET}/{prefix}"
 
