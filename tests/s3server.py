@@ -191,6 +191,15 @@ class S3Server:
             self._moto = None
 
 
+def s3fs_for(endpoint: str, secret: str = SECRET_KEY) -> Any:
+    """An s3fs client of the test server at ``endpoint`` (a fault proxy's too), never a cached one."""
+    import s3fs
+
+    return s3fs.S3FileSystem(
+        key=ACCESS_KEY, secret=secret, endpoint_url=endpoint, client_kwargs={"region_name": REGION}, skip_instance_cache=True
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """``make s3-dev``: a SeaweedFS S3 server on 127.0.0.1 (the tests' own settings) with a bucket,
     to try the S3 path by hand; prints the variables to export, then serves until Ctrl-C."""
@@ -219,12 +228,3 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     sys.exit(main())
-
-
-def s3fs_for(endpoint: str, secret: str = SECRET_KEY) -> Any:
-    """An s3fs client of the test server at ``endpoint`` (a fault proxy's too), never a cached one."""
-    import s3fs
-
-    return s3fs.S3FileSystem(
-        key=ACCESS_KEY, secret=secret, endpoint_url=endpoint, client_kwargs={"region_name": REGION}, skip_instance_cache=True
-    )

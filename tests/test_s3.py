@@ -370,6 +370,7 @@ def test_cache_is_filled_by_one_process_at_a_time(s3, s3_photo_shards, proxy, tm
         for p in procs:
             p.start()
         lock = Path(cache) / "wdsr-shard-cache" / f"{m.shards[2].sha256[:16]}-{m.shards[2].name}.lock"
+        proxy.wait_held()  # the download is held (release() lets go only of what is held by then) ...
         wait_until(lambda: _lock_waiters(lock) >= 3, f"3 processes waiting on {lock}")  # ... until the other three wait
         proxy.release()
         results: list = []
