@@ -47,11 +47,14 @@ def read_metrics(run: str) -> list[dict[str, Any]]:
 
 
 def series(records: list[dict[str, Any]], name: str) -> list[tuple[float, float]]:
-    return [
-        (float(r["step"]), float(r[name]))
+    """``name``'s (step, value) points in step order; a step given twice (a history written before runs
+    carried it over, with the steps a resumed run logged again) keeps its later value."""
+    points = {
+        float(r["step"]): float(r[name])
         for r in records
         if isinstance(r.get(name), (int, float)) and not isinstance(r.get(name), bool)
-    ]
+    }
+    return sorted(points.items())
 
 
 def _fmt(v: float) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from wdsr.train import history
 from wdsr.train.checkpoint import Diverged, RunDir
 from wdsr.train.config import TrainConfig
 from wdsr.train.context import Ctx
@@ -23,17 +24,22 @@ log = logging.getLogger("wdsr")
 
 
 class MetricsLog:
-    """Rank 0's ``metrics.jsonl`` (a local file; copied into a remote run folder at checkpoints) and TensorBoard."""
+    """Rank 0's ``metrics.jsonl`` and TensorBoard files: OUT's own when OUT is local; in ``--log-dir`` (or a
+    temp folder) when it is remote, copied into OUT at each checkpoint and at the end. Either way the
+    history of earlier attempts is carried over up to ``start``, the step this attempt starts from
+    (:mod:`wdsr.train.history`)."""
 
-    def __init__(self, run: RunDir, cfg: TrainConfig) -> None:
+    def __init__(self, run: RunDir, cfg: TrainConfig, start: int = 0) -> None:
         self.run = run
         if run.local:
             folder = Path(run.root)
         else:
             folder = Path(cfg.log_dir or tempfile.mkdtemp(prefix="wdsr-train-"))
         folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / "metrics.jsonl"
+        self.path = folder / history.NAME
+        history.restore(run, self.path, start)
         self.tb = None
+        self.tb_uploads: history.Uploads | None = None
         if cfg.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -41,9 +47,12 @@ class MetricsLog:
                 raise ValueError(
                     "--tensorboard needs the tensorboard package: pip install tensorboard (the 'tensorboard' extra)"
                 ) from None
-            self.tb = SummaryWriter(str(folder / "tb"))
+            # an event file per attempt; TensorBoard hides the earlier attempts' steps after ``start``
+            self.tb = SummaryWriter(str(folder / "tb"), purge_step=start + 1)
+            if not run.local:
+                self.tb_uploads = history.Uploads(run, folder / "tb", "tb")
         if not run.local:
-            log.info("metrics: %s (copied to %s/metrics.jsonl at each checkpoint)", self.path, run.url)
+            log.info("metrics: %s (copied to %s/%s at each checkpoint)", self.path, run.url, history.NAME)
 
     def write(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as f:
@@ -55,12 +64,17 @@ class MetricsLog:
             self.tb.flush()
 
     def sync(self) -> None:
+        """A remote OUT gets the whole history and the TensorBoard files written since the last sync."""
         if not self.run.local and self.path.exists():
-            self.run.upload("metrics.jsonl", self.path.read_bytes())
+            self.run.upload(history.NAME, self.path.read_bytes())
+        if self.tb_uploads is not None:
+            self.tb_uploads.sync()
 
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        if self.tb_uploads is not None:
+            self.tb_uploads.sync()
 
 
 def progress_bar(ctx: Ctx, total: int, step: int) -> Any:

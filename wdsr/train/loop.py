@@ -315,9 +315,9 @@ def _checkpoint(
         "rng": {"torch": torch.get_rng_state()},
         "config": cfg.dict,
     }
-    where = run.save(state, step, cfg.keep_ckpts)
     assert metrics is not None
-    metrics.sync()
+    metrics.sync()  # first: OUT's history always reaches the step latest.json names (history.py)
+    where = run.save(state, step, cfg.keep_ckpts)
     log.info("checkpoint: %s", where)
 
 
@@ -340,7 +340,7 @@ def _loop(
     metrics: MetricsLog | None = None
     if ctx.rank == 0:
         run.start(cfg.dict)
-        metrics = MetricsLog(run, cfg)
+        metrics = MetricsLog(run, cfg, step)  # the history of earlier attempts, up to this step
         amp = {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[m.amp_dtype]
         clip, degrade = cfg.dataset.clip, cfg.dataset.degrade
         what = "" if clip is None else f" (windows of {clip.frames} frames, {clip.window})"
