@@ -212,7 +212,7 @@ def _graph() -> dict[str, set[str]]:
             target = _target(module, name)
             while target in faces and name in faces[target] and faces[target][name] != target:
                 target = faces[target][name]
-            if target in trees and target != mod and not mod.startswith(target + "."):
+            if target in trees and target != mod:
                 graph[mod].add(target)
     return graph
 
