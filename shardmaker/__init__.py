@@ -1,5 +1,15 @@
 """shardmaker: pack HR/LR super-resolution pairs into verified, deterministic tar shards.
 
+For Python users, the same work as the command line::
+
+    import shardmaker
+    result = shardmaker.build(shardmaker.BuildConfig(hr_src="photos/", out="shards/"))  # x4, MATLAB-exact LR
+    shardmaker.build(shardmaker.BuildConfig("photos/", "x234/", sample=shardmaker.SampleConfig(scales=(2, 3, 4))))
+    shardmaker.merge("shards/")                      # after parts built with BuildConfig(part=(i, n))
+    shardmaker.index("other/{000..009}.tar", "other/", shardmaker.IndexConfig(hr="jpg", lr={4: "x4.jpg"}))
+    problems = shardmaker.verify("shards/", deep=True)  # [] when every check passed
+    manifest = shardmaker.load("shards/")            # the checked manifest.json
+
 The house: ``format/`` (the one door to shard bytes), ``imaging/`` (codecs, PNG, MATLAB resize),
 ``builder/`` (build and merge), ``index`` (foreign shards), ``verify``, ``cli``. Public modules for
 other packages (``wdsr``): ``shardmaker.format``, ``shardmaker.imaging``, ``shardmaker.storage``,
@@ -8,11 +18,33 @@ other packages (``wdsr``): ``shardmaker.format``, ``shardmaker.imaging``, ``shar
 
 from typing import Any
 
-from shardmaker import compat
+from shardmaker import compat, errors
+from shardmaker.builder import BuildConfig, BuildResult, SampleConfig, build, merge
 from shardmaker.errors import BuildError, InputError, OnError, ShardmakerError
+from shardmaker.format import Manifest, ManifestError, load
+from shardmaker.index import IndexConfig, IndexResult, index
+from shardmaker.verify import verify
+from shardmaker.version import __version__
 
-__all__ = ["BuildError", "InputError", "OnError", "ShardmakerError"]
-__version__ = "0.1.0"
+__all__ = [
+    "BuildConfig",
+    "BuildError",
+    "BuildResult",
+    "IndexConfig",
+    "IndexResult",
+    "InputError",
+    "Manifest",
+    "ManifestError",
+    "OnError",
+    "SampleConfig",
+    "ShardmakerError",
+    "build",
+    "index",
+    "load",
+    "merge",
+    "__version__",
+    "verify",
+]
 
 # module paths of the flat layout (before 0.2), served for one release with a warning
 compat.alias_modules(
@@ -26,8 +58,6 @@ compat.alias_modules(
 
 
 def __getattr__(name: str) -> Any:  # deprecated names, served with a warning
-    from shardmaker import errors
-
     if name == "VerifyError":
         return errors.__getattr__(name)
     raise AttributeError(f"module 'shardmaker' has no attribute {name!r}")

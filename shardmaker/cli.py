@@ -11,7 +11,6 @@ import signal
 import sys
 from typing import Any
 
-from shardmaker import __version__
 from shardmaker.builder import BuildConfig, build, merge_when_ready
 from shardmaker.builder.clips import DEFAULT_MAX_SPAN, DEFAULT_SEGMENT, ClipOptions
 from shardmaker.builder.regions import DEFAULT_REGION
@@ -23,6 +22,7 @@ from shardmaker.imaging.resize import ResizeMethod
 from shardmaker.index import IndexConfig, index
 from shardmaker.peek import cat, ls_lines
 from shardmaker.verify import info_text, verify
+from shardmaker.version import __version__
 
 log = logging.getLogger("shardmaker")
 

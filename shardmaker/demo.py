@@ -10,8 +10,10 @@ import argparse
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
+from shardmaker import storage
 from shardmaker.cli import main as shardmaker_main
 
 PHOTOS = (
@@ -42,10 +44,6 @@ def bundled_photos(dest: Path) -> Path:
 
 def upload_photos(url: str) -> int:
     """Copy the bundled photos to a folder URL (e.g. ``s3://bucket/raw/photos``); returns how many."""
-    import tempfile
-
-    from shardmaker import storage
-
     fs, root = storage.open_dir(url)
     fs.makedirs(root, exist_ok=True)  # on S3 this makes the bucket if it is not there
     with tempfile.TemporaryDirectory() as tmp:

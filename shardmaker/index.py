@@ -36,10 +36,11 @@ import numpy as np
 import xxhash
 from tqdm import tqdm
 
-from shardmaker import __version__, storage
+from shardmaker import storage
 from shardmaker.errors import OnError, ShardmakerError, brief
 from shardmaker.format import colindex, headers, patterns, tario
 from shardmaker.format import manifest as mf
+from shardmaker.version import __version__
 
 log = logging.getLogger("shardmaker")
 _CHUNK = 8 << 20  # bytes per read of a shard

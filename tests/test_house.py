@@ -166,3 +166,163 @@ def test_the_default_image_is_the_small_cpu_one_and_cuda_is_one_documented_line(
     text = (ROOT / "Dockerfile").read_text()
     assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu\n" in text  # without it PyPI's torch is the CUDA build
     assert "--build-arg BASE=nvidia/cuda" in text and "--build-arg TORCH_INDEX= ." in text
+
+
+# modules allowed to import our own modules inside a function: the two CLIs load a sub-command's
+# code only when it runs (``wdsr --help`` must not import torch's training stack)
+LAZY_IMPORTERS = ("shardmaker.cli", "wdsr.tools.cli")
+
+
+def _all_imports(tree: ast.Module) -> list[tuple[str, str | None, int, bool]]:
+    """``(module, name, line, top_level)`` of every absolute import of ours, ``top_level`` False for an
+    import inside a function or under ``if TYPE_CHECKING:``."""
+    inner: set[int] = set()
+    for node in ast.walk(tree):
+        deferred = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or (
+            isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        )
+        if deferred:
+            inner |= {id(sub) for sub in ast.walk(node) if isinstance(sub, (ast.Import, ast.ImportFrom))}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, None, node.lineno, id(node) not in inner) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out += [(node.module, a.name, node.lineno, id(node) not in inner) for a in node.names]
+    return [i for i in out if i[0].split(".")[0] in ("wdsr", "shardmaker")]
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports (wherever the import stands). ``from pkg import Name``
+    lands in the module of ``pkg`` that the package's face took ``Name`` from, so a face that only
+    hands names on draws no loop."""
+    trees = {**_modules("wdsr"), **_modules("shardmaker")}
+    faces: dict[str, dict[str, str]] = {}  # package -> re-exported name -> the module it comes from
+    for mod, tree in trees.items():
+        if (ROOT / mod.replace(".", "/") / "__init__.py").exists():
+            faces[mod] = {
+                a.asname or a.name: _target(n.module, a.name)
+                for n in tree.body
+                if isinstance(n, ast.ImportFrom) and n.module and n.level == 0
+                for a in n.names
+            }
+    graph: dict[str, set[str]] = {m: set() for m in trees}
+    for mod, tree in trees.items():
+        for module, name, _, _ in _all_imports(tree):
+            target = _target(module, name)
+            while target in faces and name in faces[target] and faces[target][name] != target:
+                target = faces[target][name]
+            if target in trees and target != mod:
+                graph[mod].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    top = stack.pop()
+                    on.discard(top)
+                    comp.append(top)
+                    if top == node:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_among_our_modules():
+    """Function-local and ``TYPE_CHECKING`` imports count: they hide a loop, they do not remove it."""
+    assert not _cycles(_graph()), _cycles(_graph())
+
+
+def test_no_function_local_import_of_our_own_modules():
+    bad = [
+        f"{mod}:{line} imports {module}" + (f".{name}" if name else "")
+        for mod, tree in {**_modules("wdsr"), **_modules("shardmaker")}.items()
+        if mod not in LAZY_IMPORTERS
+        for module, name, line, top in _all_imports(tree)
+        if not top
+    ]
+    assert not bad, bad
+
+
+def _architecture_names() -> tuple[set[str], set[str]]:
+    """The module files and the public names ``docs/architecture.md`` names in backticks."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    import re
+
+    files = set(re.findall(r"`((?:wdsr|shardmaker)/[\w/]+\.py)`", text))
+    names = set(re.findall(r"`((?:wdsr|shardmaker)\.[A-Za-z_][\w.]*)`", text))
+    return files, names
+
+
+def test_the_architecture_doc_names_every_module_and_only_what_exists():
+    files, names = _architecture_names()
+    ours = {
+        str(p.relative_to(ROOT))
+        for pkg in ("wdsr", "shardmaker")
+        for p in (ROOT / pkg).rglob("*.py")
+        if p.name not in ("__init__.py", "__main__.py")
+    }
+    assert not files - ours, f"docs/architecture.md names files that do not exist: {sorted(files - ours)}"
+    assert not ours - files, f"docs/architecture.md misses modules: {sorted(ours - files)}"
+    missing = []
+    for dotted in sorted(names):
+        parts = dotted.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            try:
+                for attr in parts[cut:]:
+                    obj = getattr(obj, attr)
+            except AttributeError:
+                missing.append(dotted)
+            break
+        else:
+            missing.append(dotted)
+    assert not missing, f"docs/architecture.md names what does not exist: {missing}"
+
+
+def test_the_architecture_doc_lists_every_export():
+    import wdsr
+
+    _, names = _architecture_names()
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    absent = [n for n in wdsr.__all__ if f"wdsr.{n}" not in names and f"`{n}`" not in text]
+    assert not absent, f"docs/architecture.md misses exports of wdsr: {absent}"

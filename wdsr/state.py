@@ -5,18 +5,15 @@ the world, the epoch and the batches handed out), and the elastic case where the
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from shardmaker.errors import brief
 from wdsr.config import Split
-from wdsr.pipeline.elastic import replan_limit
+from wdsr.dataset import SRDataset
+from wdsr.pipeline.elastic import ElasticPlan, replan_limit
 from wdsr.pipeline.plan import whole_batches
-
-if TYPE_CHECKING:
-    from wdsr.dataset import SRDataset
-    from wdsr.pipeline.elastic import ElasticPlan
 
 log = logging.getLogger("wdsr")
 

@@ -10,11 +10,13 @@ from shardmaker import compat
 from shardmaker.builder.config import BuildConfig, BuildResult, part_manifest_name, shard_name
 from shardmaker.builder.merge import PartsPending, merge, merge_when_ready
 from shardmaker.builder.run import build, fingerprint, order_samples
+from shardmaker.builder.sample import SampleConfig
 
 __all__ = [
     "BuildConfig",
     "BuildResult",
     "PartsPending",
+    "SampleConfig",
     "build",
     "fingerprint",
     "merge",

@@ -31,7 +31,6 @@ import fsspec
 import numpy as np
 from tqdm import tqdm
 
-import shardmaker
 from shardmaker import storage
 from shardmaker.builder import outdir
 from shardmaker.builder.clips import clip_record, scan_clips
@@ -60,6 +59,7 @@ from shardmaker.format.manifest import (
     kind_text,
 )
 from shardmaker.format.manifest import parse as parse_manifest
+from shardmaker.version import __version__
 
 log = logging.getLogger("shardmaker.builder")
 
@@ -248,7 +248,7 @@ def _manifest(
         shards=shards,
         build={
             "fingerprint": fp,
-            "tool": f"shardmaker {shardmaker.__version__}",
+            "tool": f"shardmaker {__version__}",
             "seed": opts.seed,
             "png_level": cfg.png_level,
             "shard_size": opts.shard_size,
