@@ -166,3 +166,46 @@ def test_the_default_image_is_the_small_cpu_one_and_cuda_is_one_documented_line(
     text = (ROOT / "Dockerfile").read_text()
     assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu\n" in text  # without it PyPI's torch is the CUDA build
     assert "--build-arg BASE=nvidia/cuda" in text and "--build-arg TORCH_INDEX= ." in text
+
+
+def _cycles(package: str) -> list[list[str]]:
+    """Groups of ``package``'s modules that import each other in a circle (every import counted, at the top
+    of a module or inside a function; ``from pkg import mod`` lands in ``pkg.mod``), by Tarjan's algorithm."""
+    trees = _modules(package)
+    edges = {
+        mod: {t for module, name, _ in _imports(mod, tree) if (t := _target(module, name)) in trees and t != mod}
+        for mod, tree in trees.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_in_wdsr():
+    """A circle of imports (held open by imports inside functions) is a module split in the wrong place."""
+    assert not _cycles("wdsr"), _cycles("wdsr")
