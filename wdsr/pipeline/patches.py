@@ -2,6 +2,8 @@
 
 Each patch's coordinates and transform are a hash of (seed, epoch, key, j) (``draws``), so they
 do not depend on world size, worker count or reading order, and any patch is computed directly.
+Every kind of decoded sample is a :class:`Pair`, which cuts its own patches at those positions
+(``wdsr.pipeline.whole``, ``tiled``, ``clips``, ``bicubic``, ``degraded``).
 """
 
 from __future__ import annotations
