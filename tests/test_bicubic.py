@@ -72,3 +72,17 @@ def test_grey_and_flat_patch_rejection(sources, tmp_path):
 def test_bad_options(sources):
     with pytest.raises(ValueError, match="lr must be one of stored, bicubic, bicubic-uint8"):
         wdsr.SRDataset(str(sources), scale=4, lr="area")
+    with pytest.raises(ValueError, match=r"got 'degrade' \(degrade=wdsr.RealESRGANConfig\(\) makes LR on the device\)"):
+        wdsr.DatasetConfig(lr="degrade")  # the device's LR is asked for with degrade=, not lr=
+    with pytest.raises(ValueError, match="lr must be one of stored, bicubic, bicubic-uint8, got 4"):
+        wdsr.DatasetConfig(lr=4)
+
+
+def test_lr_is_an_enum_that_takes_the_strings_users_pass():
+    from wdsr.pipeline.sample import LrMode
+
+    assert wdsr.DatasetConfig().lr is LrMode.STORED
+    for text in ("stored", "bicubic", "bicubic-uint8"):
+        got = wdsr.DatasetConfig(lr=text).lr
+        assert got is LrMode(text) and got == text and got.value == text
+    assert wdsr.DatasetConfig(lr=LrMode.BICUBIC_UINT8).lr is LrMode.BICUBIC_UINT8

@@ -214,6 +214,14 @@ def test_clear_errors(clips, photo_shards):
         wdsr.SRDataset(str(photo_shards), scale=4, patch_size=48, clip=ClipConfig(frames=3))
     with pytest.raises(ValueError, match="a clip dataset"):
         wdsr.SRDataset([str(clips), str(photo_shards)], scale=4, patch_size=48)
+    for made in ("bicubic", "bicubic-uint8"):  # LR made from HR: what the clip kind does not serve yet, before any read
+        with pytest.raises(ValueError, match=f"a clip dataset; lr='{made}' of clips is not there yet"):
+            wdsr.SRDataset(str(clips), scale=4, patch_size=48, clip=ClipConfig(frames=3), lr=made)
+    with pytest.raises(ValueError, match="a clip dataset; degrade= of clips is not there yet"):
+        d = wdsr.RealESRGANConfig()
+        wdsr.SRDataset(str(clips), scale=d.scale, patch_size=d.gt_size, degrade=d)
+    with pytest.raises(ValueError, match="this one holds images"):  # clip= asks for windows of a clip dataset
+        wdsr.SRDataset(str(photo_shards), scale=4, patch_size=48, clip=ClipConfig(frames=3), lr="bicubic")
     for bad, msg in (
         (dict(frames=0), "clip frames must be"),
         (dict(frames=4, window="center"), "odd number of frames"),

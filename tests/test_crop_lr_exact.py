@@ -60,7 +60,7 @@ def test_random_crops_equal_the_whole_images_lr(data: st.DataObject) -> None:
 @pytest.mark.parametrize("method", list(ResizeMethod))
 @pytest.mark.parametrize("s", [2, 3, 4])
 def test_patches_at_every_border_and_corner(method: ResizeMethod, s: int) -> None:
-    """LR patches of 12 pixels at the corners, along each edge and inside, as ``cut_own`` cuts them."""
+    """LR patches of 12 pixels at the corners, along each edge and inside, as ``BicubicPair.cut`` cuts them."""
     img = _image(np.random.default_rng(s), 301, 437, 3, np.uint8)
     lh, lw, p = 301 // s, 437 // s, 12
     for ly in (0, 1, 2, lh // 2, lh - p - 1, lh - p):

@@ -159,7 +159,8 @@ def test_batch_pool_round_trips_and_recycles_its_slots(dtype):
 @pytest.mark.parametrize("planar", [False, True])
 def test_a_run_of_patches_is_each_patch_cut_on_its_own(planar):
     """cut_patches' loop over a run is cut() patch by patch: the same crops and transforms."""
-    from wdsr.pipeline.patches import cut, draw_base
+    from wdsr.pipeline.patches import draw_base
+    from wdsr.pipeline.whole import cut
 
     pair = _pair(4)
     if planar:

@@ -13,11 +13,13 @@ import numpy as np
 
 from shardmaker import format as fmt
 from shardmaker.errors import OnError, brief
+from wdsr.degrade import draw_params
+from wdsr.pipeline.checks import Verify
 from wdsr.pipeline.clips import ClipConfig
-from wdsr.pipeline.decode import Verify
 from wdsr.pipeline.epoch import StreamConfig
 from wdsr.pipeline.patches import PatchConfig
 from wdsr.pipeline.read import Fetch, ReadConfig
+from wdsr.pipeline.sample import LrMode
 from wdsr.store.remote import Retry
 
 
@@ -68,9 +70,6 @@ def check_number(label: str, value: Any, lo: float, hi: float, integer: bool, lo
     return number
 
 
-LR_MODES = ("stored", "bicubic", "bicubic-uint8")
-
-
 def _check_types(c: DatasetConfig) -> None:
     """Every field of the right type and in range (a wrong type raises here, never later in a worker)."""
     optional = ("min_patch_std", "tile", "cache_limit", "decoded_cache_limit")
@@ -89,8 +88,7 @@ def _check_types(c: DatasetConfig) -> None:
             raise ValueError(f"{name} must be a folder path of at most {MAX_PATH_CHARS} characters, got {brief(value)}")
     if not isinstance(c.retry, Retry):
         raise ValueError(f"retry must be a wdsr.Retry, got {brief(c.retry)}")
-    if c.lr not in LR_MODES:
-        raise ValueError(f"lr must be one of {', '.join(LR_MODES)}, got {brief(c.lr)}")
+    object.__setattr__(c, "lr", LrMode.of(c.lr))
     if c.clip is not None and not isinstance(c.clip, ClipConfig):
         raise ValueError(f"clip must be a wdsr.ClipConfig, got {brief(c.clip)}")
     if c.degrade is not None:
@@ -107,8 +105,8 @@ def _check_degrade(c: DatasetConfig) -> None:
     name = type(d).__name__
     if c.split is not Split.TRAIN:
         raise ValueError("degrade= makes training pairs; validate on stored LR or lr='bicubic' (split='val' without degrade=)")
-    if c.lr != "stored":
-        raise ValueError(f"degrade= makes the LR on the device; lr='{c.lr}' is another way to make it: give one of them")
+    if c.lr is not LrMode.STORED:
+        raise ValueError(f"degrade= makes the LR on the device; lr='{c.lr.value}' is another way to make it: give one of them")
     if c.clip is not None:
         raise ValueError("degrade= of clip datasets is not there yet (degradations per frame)")
     if c.scale != d.scale:
@@ -118,8 +116,6 @@ def _check_degrade(c: DatasetConfig) -> None:
             f"patch_size={c.patch_size} but degrade={name}(gt_size={d.gt_size}): the HR patch is the degradation's "
             f"input, give the same size to both (patch_size={d.gt_size})"
         )
-    from wdsr.degrade import draw_params
-
     draw_params(d, np.random.default_rng(0), c.patch_size)  # a patch too small for its kernels: refused here, not in a worker
 
 
@@ -157,7 +153,7 @@ class DatasetConfig:
     # video clips (shardmaker build --clips): windows of frames instead of patches of images
     clip: ClipConfig | None = None
     # LR: "stored" (the dataset's), or made per patch from HR MATLAB-exactly: "bicubic" (matlab), "bicubic-uint8"
-    lr: str = "stored"
+    lr: LrMode = LrMode.STORED
     # degradations made on the device (wdsr.degrade): batches are (hr, params) for wdsr.Degrader(cfg)
     degrade: Any = None
 

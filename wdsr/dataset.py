@@ -29,10 +29,11 @@ from wdsr import env
 from wdsr.config import DatasetConfig, Split
 from wdsr.pipeline import clipval
 from wdsr.pipeline.batch import collate
-from wdsr.pipeline.decode import Kind, Verify, is_clip_dataset
+from wdsr.pipeline.checks import Kind, Verify
 from wdsr.pipeline.elastic import ElasticPlan, elastic_plan
 from wdsr.pipeline.epoch import Slot, elastic_pass, train_pass
 from wdsr.pipeline.handoff import BatchPool
+from wdsr.pipeline.kinds import check_modes
 from wdsr.pipeline.patches import too_small
 from wdsr.pipeline.plan import (
     Span,
@@ -45,6 +46,7 @@ from wdsr.pipeline.plan import (
     val_plan,
 )
 from wdsr.pipeline.read import ShardReader
+from wdsr.pipeline.sample import LrMode
 from wdsr.pipeline.source import ErrorPolicy, MixSource, Source
 from wdsr.pipeline.stats import SharedStats
 from wdsr.pipeline.val import ValSample, val_pass
@@ -109,17 +111,10 @@ class SRDataset(IterableDataset):
         if self.config.degrade is not None:  # 8-bit RGB or nothing: a sample of another kind is refused from its header
             kind.channels, kind.bit_depth, kind.required_by = kind.channels or 3, kind.bit_depth or 8, "degrade="
         sources = []
+        c = self.config
+        lr = LrMode.DEGRADE if c.degrade is not None else c.lr  # where LR comes from: stored, made per patch or on the device
         for folder, m in parts:
-            if self.config.degrade is not None:
-                _check_degrade_input(folder, m)
-            elif self.config.lr == "stored" and self.config.scale not in m.scales:
-                if not m.scales:
-                    raise ValueError(f"{folder}: an HR-only dataset (shardmaker build --hr-only): stream it with lr='bicubic'")
-                raise ValueError(
-                    f"{folder}: no x{self.config.scale} LR in this dataset (scales: {m.scales}; lr='bicubic' makes any)"
-                )
-            if self.config.lr != "stored" and self.config.clip is not None:
-                raise ValueError(f"{folder}: lr='{self.config.lr}' of clip datasets is not there yet")
+            lr_source = check_modes(folder, m, c.scale, lr, c.clip)  # the kind x LR source x clip= the table allows
             if m.members is not None and self.config.verify is Verify.SHA256:
                 raise ValueError(
                     f"{folder}: verify='sha256' needs sha256 digests per member; an index of foreign shards "
@@ -129,9 +124,7 @@ class SRDataset(IterableDataset):
             self._check_clips(folder, m)
             reader = ShardReader(folder, m, storage_options, self.config.read_config())
             cache = self._decoded_cache(m, parts)
-            c = self.config
-            cache = cache if c.lr == "stored" and c.degrade is None else None  # the decoded cache keeps stored pairs
-            lr = "degrade" if c.degrade is not None else c.lr
+            cache = cache if lr_source.cacheable else None  # the decoded cache keeps stored pairs
             sources.append(
                 Source(reader, c.scale, c.verify, c.max_pixels, self.stats, errors, cache, kind, c.clip, lr, c.degrade)
             )
@@ -163,15 +156,8 @@ class SRDataset(IterableDataset):
         log.warning("%s: %s; they are skipped (on_error='skip')", folder, what)
 
     def _check_clips(self, folder: str, m: fmt.Manifest) -> None:
-        """A clip dataset streams windows (``clip=``), an image dataset patches; one stream is one of the two."""
+        """Clip validation: its settings, and every key a segment's, each once (refused here, not in a worker)."""
         c = self.config
-        if is_clip_dataset(m) and c.clip is None:
-            raise ValueError(
-                f"{folder}: a clip dataset (shardmaker build --clips): stream windows of frames with "
-                "clip=wdsr.ClipConfig(frames=T) (a mix holds clip datasets only, or image datasets only)"
-            )
-        if c.clip is not None and not is_clip_dataset(m):
-            raise ValueError(f"{folder}: clip= streams clip datasets (shardmaker build --clips); this one holds images")
         if c.clip is not None and c.split is Split.VAL:
             clipval.check_val(folder, c.clip, c.tile)
             clipval.clip_plan(m.shards)  # every key a segment's, each once: refused here, not in a worker
@@ -350,16 +336,6 @@ class Mix:
     sizes: tuple[tuple[int, ...], ...]
     counts: tuple[int, ...]
     weights: tuple[float, ...] | None
-
-
-def _check_degrade_input(folder: str, m: fmt.Manifest) -> None:
-    """What the manifest says of a dataset's images, against what a Degrader takes (8-bit RGB)."""
-    if m.channels is not None and m.channels != 3:
-        raise ValueError(f"{folder}: degrade= takes RGB images; this dataset's have {m.channels} channel(s)")
-    if m.bit_depth is not None and m.bit_depth != 8:
-        raise ValueError(f"{folder}: degrade= takes 8-bit images; this dataset's are {m.bit_depth}-bit")
-    if is_clip_dataset(m):
-        raise ValueError(f"{folder}: a clip dataset; degrade= of clips is not there yet")
 
 
 def _dataset_identity(url: str) -> str:

@@ -16,11 +16,15 @@ from typing import Any
 
 import numpy as np
 
+from shardmaker.format import Manifest
 from shardmaker.imaging import ResizeMethod, crop_lr
 from wdsr.errors import SampleError
 from wdsr.pipeline.augment import N_DIHEDRAL, patch_source
+from wdsr.pipeline.patches import Patch, PatchConfig, best_try, draws
+from wdsr.pipeline.read import RawSample
+from wdsr.pipeline.sample import DecodeSpec, Hr, LrMode, LrSource, tile_reads
 
-MODES = {"bicubic": ResizeMethod.MATLAB, "bicubic-uint8": ResizeMethod.MATLAB_UINT8}
+MODES = {LrMode.BICUBIC: ResizeMethod.MATLAB, LrMode.BICUBIC_UINT8: ResizeMethod.MATLAB_UINT8}
 
 
 class BicubicPair:
@@ -28,7 +32,6 @@ class BicubicPair:
     they are cut; ``lr_hw`` is the LR grid the patch positions are drawn on."""
 
     chw = False
-    cacheable = False  # the HR alone: the decoded cache keeps pairs
 
     def __init__(self, shard: str, key: str, rep: int, hr: Any, scale: int, method: ResizeMethod, decode_ns: int, verify_ns: int):
         self.shard, self.key, self.rep, self.hr, self.scale, self.method = shard, key, rep, hr, scale, method
@@ -40,9 +43,16 @@ class BicubicPair:
         self.lr_hw = (h // scale, w // scale)
         self.tiled = not isinstance(hr, np.ndarray)
 
-    def tile_images(self) -> tuple[Any, ...]:
-        """What a tiled HR reads its tiles through (the stream's read stats; never the whole LR)."""
-        return (self.hr,)
+    @property
+    def lazy(self) -> bool:
+        return self.tiled
+
+    def keep(self, cache: Any, channels: int | None, bit_depth: int | None) -> bool:
+        return False  # the HR alone: the decoded cache keeps pairs
+
+    def take_stats(self) -> dict[str, int]:
+        """The tile reads of a tiled HR (never the whole LR)."""
+        return tile_reads((self.hr,)) if self.tiled else {}
 
     @property
     def lr(self) -> np.ndarray:
@@ -63,11 +73,9 @@ class BicubicPair:
 
         return crop_lr(read, self.image_hw, (s * y, s * x, s * ph, s * pw), s, self.method)
 
-    def cut_own(self, spec: Any, base: np.uint64, first: int, count: int) -> tuple[list[Any], int]:
+    def cut(self, spec: PatchConfig, base: np.uint64, first: int, count: int) -> tuple[list[Patch], int]:
         """Patches ``first ..`` at the positions the stored LR would give them (rejection of flat
         patches included: the LR of each try is made to measure it)."""
-        from wdsr.pipeline.patches import Patch, best_try, draws
-
         s, p = spec.scale, spec.patch_size // spec.scale
         lh, lw = self.lr_hw
         if lh < p or lw < p:
@@ -99,3 +107,14 @@ class BicubicPair:
             out.append(Patch(patch_source(lr, t), patch_source(hr, t), t, False, self.key, j))
         self.decode_ns += time.perf_counter_ns() - t0  # making LR is this path's decode of LR
         return out, rejected
+
+
+def bicubic_pair(raw: RawSample, hr: Hr, spec: DecodeSpec) -> BicubicPair:
+    return BicubicPair(raw.shard, raw.key, raw.rep, hr.image, spec.scale, MODES[spec.lr], hr.decode_ns, hr.verify_ns)
+
+
+def _any_dataset(folder: str, m: Manifest, scale: int) -> None:
+    """LR made from HR: any dataset with HR images, at any integer scale."""
+
+
+SOURCE = LrSource(modes=(LrMode.BICUBIC, LrMode.BICUBIC_UINT8), make=bicubic_pair, check=_any_dataset, cacheable=False)

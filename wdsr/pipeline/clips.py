@@ -20,7 +20,6 @@ starts), so each window of the clip is drawn from exactly one sample.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import time
 from collections.abc import Sequence
@@ -30,8 +29,16 @@ import numpy as np
 
 from shardmaker import format as fmt
 from shardmaker.errors import brief
+from shardmaker.format import Manifest
 from wdsr.errors import SampleError
+from wdsr.pipeline import tiled
 from wdsr.pipeline.augment import N_DIHEDRAL, chw_shape, patch_source, write_chw
+from wdsr.pipeline.checks import Verify, check_digests, check_headers
+from wdsr.pipeline.patches import PatchConfig, draws
+from wdsr.pipeline.read import RawSample
+from wdsr.pipeline.sample import DecodeSpec, LrMode, SampleKind, is_clip_dataset
+from wdsr.pipeline.whole import DecodedPair, whole_pair
+from wdsr.store.decoded import FRAME_SEP
 
 FRAME = re.compile(r"^(hr|lr_x(\d{1,2}))_f(\d{4})\.([a-z]{3,5})$")
 MAX_FRAMES = 1000  # frames of one segment (shardmaker.builder.clips.MAX_SEGMENT)
@@ -150,13 +157,12 @@ class DecodedClip:
 
     tiled = False
     chw = False
-    cacheable = False  # never kept in the decoded cache (its frames are decoded one by one)
     lazy = True  # frames decoded as windows ask: a bad one is found when the k windows are first cut
 
-    def __init__(self, raw: Any, meta: dict[str, Any], seg: Segment, scale: int, cc: ClipConfig, decode_frame: Any) -> None:
+    def __init__(self, raw: RawSample, meta: dict[str, Any], seg: Segment, spec: DecodeSpec) -> None:
         self.shard, self.key, self.rep = raw.shard, raw.key, raw.rep
-        self.seg, self.scale, self.cc, self._raw, self._meta = seg, scale, cc, raw, meta
-        self._decode_frame = decode_frame  # (raw, names, meta) -> DecodedPair of one frame
+        scale = spec.scale
+        self.seg, self.scale, self.cc, self._raw, self._meta, self._spec = seg, scale, spec.clip, raw, meta, spec
         self._frames: dict[int, tuple[Any, Any, bool]] = {}  # t -> (HR, LR, planar: from the decoded cache)
         self.decode_ns = self.verify_ns = 0
         self._cache: Any = None  # the node-wide decoded cache: decoded frames, one entry each
@@ -165,14 +171,19 @@ class DecodedClip:
         w, h = raw.hr_size or meta.get("hr_size") or (0, 0)
         self.lr_hw = (int(h) // scale, int(w) // scale)
 
-    def cut_own(self, spec: Any, base: np.uint64, first: int, count: int) -> tuple[list[Window], int]:
-        """What ``cut_patches`` cuts from an image pair, for this segment: its windows ``first ..``."""
+    def cut(self, spec: PatchConfig, base: np.uint64, first: int, count: int) -> tuple[list[Window], int]:
+        """What an image pair's ``cut`` cuts, for this segment: its windows ``first ..``."""
         return cut_windows(self, spec, self.cc, base, first, count)
 
-    def use_cache(self, cache: Any, channels: Any, bit_depth: Any) -> None:
+    def keep(self, cache: Any, channels: int | None, bit_depth: int | None) -> bool:
         """Frames come from (and, decoded, go to) the decoded cache, as ``{key}#f{t}`` entries
-        (:data:`wdsr.store.decoded.FRAME_SEP`), checked as any entry is (digest, shapes, kind)."""
+        (:data:`wdsr.store.decoded.FRAME_SEP`), checked as any entry is (digest, shapes, kind); the
+        segment itself is never kept (its frames are decoded one by one)."""
         self._cache, self._kind = cache, (channels, bit_depth)
+        return False
+
+    def hwc(self) -> tuple[np.ndarray, np.ndarray]:
+        raise SampleError(self.shard, self.key, "a clip segment is validated in chunks of frames (split='val' with clip=)")
 
     def frame(self, t: int) -> tuple[Any, Any, bool]:
         """(HR, LR, planar) of segment frame ``t``: H x W [x C] arrays, or C x H x W views of a
@@ -183,7 +194,7 @@ class DecodedClip:
             self._frames[t] = got
         return got
 
-    def take_counts(self) -> dict[str, int]:
+    def take_stats(self) -> dict[str, int]:
         """Decoded-cache frame hits and stores since the last call (the stats' ``decoded_hits``, ``decoded_stores``)."""
         out = {"decoded_hits": self.cache_hits, "decoded_stores": self.cache_stores}
         self.cache_hits = self.cache_stores = 0
@@ -192,8 +203,6 @@ class DecodedClip:
     def _cached(self, t: int) -> tuple[Any, Any, bool] | None:
         if self._cache is None:
             return None
-        from wdsr.store.decoded import FRAME_SEP
-
         name = f"{self.key}{FRAME_SEP}f{t:04d}"
         w, h = self._raw.hr_size or (0, 0)
         hit = self._cache.lookup(name, (int(w), int(h)), *self._kind) if self._cache.has(name) else None
@@ -206,8 +215,8 @@ class DecodedClip:
         """Forget frame ``t``'s decoded pixels (a caller that keeps them itself: validation's chunks)."""
         self._frames.pop(t, None)
 
-    def sub_sample(self, t: int) -> tuple[Any, tuple[str, str], tuple[str, str]]:
-        """Frame ``t`` as an image sample (``hr.ext``, ``lr_x{s}.ext`` and a json of their digests), the
+    def sub_sample(self, t: int) -> tuple[RawSample, dict[str, Any], tuple[str, str], tuple[str, str]]:
+        """Frame ``t`` as an image sample (``hr.ext``, ``lr_x{s}.ext``), the header of their digests, the
         names it has there, and its members' names in the segment."""
         ext, s = self.seg.ext, self.scale
         real = (f"hr_f{t:04d}.{ext}", f"lr_x{s}_f{t:04d}.{ext}")
@@ -216,27 +225,38 @@ class DecodedClip:
             d: {one: (self._meta.get(d) or {}).get(real[0]), two: (self._meta.get(d) or {}).get(real[1])}
             for d in ("sha256", "xxh3_64")
         }
-        members = {fmt.JSON_MEMBER: json.dumps({**digests, "scales": self._meta.get("scales")}).encode()}
-        members |= {one: self._raw.members[real[0]], two: self._raw.members[real[1]]}
-        return dataclasses.replace(self._raw, members=members), (one, two), real
+        members = {one: self._raw.members[real[0]], two: self._raw.members[real[1]]}
+        meta = {**digests, "scales": self._meta.get("scales")}
+        return dataclasses.replace(self._raw, members=members), meta, (one, two), real
 
     def failed(self, t: int, exc: SampleError, names: tuple[str, str], real: tuple[str, str]) -> SampleError:
         reason = exc.reason.replace(names[0], real[0]).replace(names[1], real[1])
         return SampleError(self.shard, self.key, f"frame {t}: {reason}")
 
-    def check(self, check_frame: Any) -> None:
-        """Every frame's headers and digests, before any is decoded."""
+    def check(self) -> None:
+        """Every frame's headers and digests, before any is decoded (a tiled frame's checks are its
+        layout's and each tile's, as it is read)."""
+        spec = self._spec
         for t in range(self.seg.frames):
-            sub, names, real = self.sub_sample(t)
+            sub, meta, names, real = self.sub_sample(t)
+            if tiled.is_tiled(sub):
+                continue
             try:
-                check_frame(sub, names)
+                check_headers(sub.shard, sub.key, sub.members, names, spec.scale, spec.max_pixels, sub.hr_size, spec.kind)
+                check_digests(sub.shard, sub.key, sub.members, meta, names, Verify(spec.verify))
             except SampleError as exc:
                 raise self.failed(t, exc, names, real) from None
 
+    def _decode_frame(self, sub: RawSample, meta: dict[str, Any], names: tuple[str, str]) -> DecodedPair:
+        """A frame as an image sample, checked by :meth:`check` first (a tiled one: as it is read)."""
+        if tiled.is_tiled(sub):
+            return tiled.tiled_pair(sub, meta, dataclasses.replace(self._spec, names=names, clip=None))
+        return whole_pair(sub, meta, dataclasses.replace(self._spec, names=names, verify=Verify.NONE, clip=None))
+
     def _decode(self, t: int) -> tuple[Any, Any, bool]:
-        sub, names, real = self.sub_sample(t)
+        sub, meta, names, real = self.sub_sample(t)
         try:
-            pair = self._decode_frame(sub, names)
+            pair = self._decode_frame(sub, meta, names)
         except SampleError as exc:
             raise self.failed(t, exc, names, real) from None
         self.decode_ns += pair.decode_ns
@@ -244,8 +264,6 @@ class DecodedClip:
         if pair.lr_hw != self.lr_hw:
             raise SampleError(self.shard, self.key, f"frame {t}: LR {pair.lr_hw[1]}x{pair.lr_hw[0]}, frame 0's differs")
         if self._cache is not None and not pair.tiled:
-            from wdsr.store.decoded import FRAME_SEP
-
             if self._cache.store(f"{self.key}{FRAME_SEP}f{t:04d}", pair.hr, pair.lr, *self._kind):
                 self.cache_stores += 1
         return pair.hr, pair.lr, False
@@ -318,8 +336,6 @@ def window_draws(
     base: np.uint64, js: np.ndarray, cc: ClipConfig, seg: Segment, lr_hw: tuple[int, int], p: int, augment: bool
 ) -> list[tuple[list[int], int, int, int]]:
     """Per window ``j``: its frames (clip indices, in the order given), LR crop (y, x) and transform."""
-    from wdsr.pipeline.patches import draws
-
     lh, lw = lr_hw
     crops = draws(base, js, 0, (lh - p + 1, lw - p + 1, N_DIHEDRAL if augment else 1))
     picks = draws(base, js, 1, (len(cc.interval), _U, _U))
@@ -340,12 +356,9 @@ def window_draws(
 
 
 def cut_windows(
-    clip: DecodedClip, spec: Any, cc: ClipConfig, base: np.uint64, first: int, count: int
+    clip: DecodedClip, spec: PatchConfig, cc: ClipConfig, base: np.uint64, first: int, count: int
 ) -> tuple[list[Window], int]:
     """Windows ``first .. first + count - 1`` of a decoded segment (their frames decoded as needed)."""
-    from wdsr.pipeline.patches import PatchConfig
-
-    assert isinstance(spec, PatchConfig)
     s, p = spec.scale, spec.patch_size // spec.scale
     seg = clip.seg
     lh, lw = clip.lr_hw
@@ -387,16 +400,56 @@ def _crop(a: Any, y: int, x: int, n: int, planar: bool) -> Any:
     return a[:, y : y + n, x : x + n] if planar else a[y : y + n, x : x + n]
 
 
-def decode_clip(raw: Any, meta: dict[str, Any], scale: int, cc: ClipConfig, decode_frame: Any, check_frame: Any) -> DecodedClip:
+def clip_pair(raw: RawSample, meta: dict[str, Any], spec: DecodeSpec) -> DecodedClip:
     """The segment checked from its json and members, every frame's headers and digests (xxh3 of a
     REDS segment: a few ms); its frames are decoded as windows need them."""
+    if spec.clip is None:
+        raise SampleError(
+            raw.shard, raw.key, "a clip sample (frames hr_f0000 ...): stream clip datasets with clip=wdsr.ClipConfig(frames=T)"
+        )
     t0 = time.perf_counter_ns()
-    seg = segment_of(raw.shard, raw.key, meta, raw.members, scale)
-    out = DecodedClip(raw, meta, seg, scale, cc, decode_frame)
-    out.check(check_frame)
+    seg = segment_of(raw.shard, raw.key, meta, raw.members, spec.scale)
+    out = DecodedClip(raw, meta, seg, spec)
+    out.check()
     out.verify_ns = time.perf_counter_ns() - t0
     return out
 
 
 def frames_of(windows: Sequence[Window]) -> list[list[int]]:
     return [w.frames for w in windows]
+
+
+class _ClipMembers(frozenset):
+    """The members of a clip sample that are read: json, and every frame's HR and x``scale`` LR."""
+
+    scale = 0
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and wanted(name, self.scale)
+
+
+def clip_members(m: Manifest, scale: int, lr: LrMode) -> frozenset[str]:
+    got = _ClipMembers()
+    got.scale = scale
+    return got
+
+
+def clip_options(folder: str, clip: ClipConfig | None) -> None:
+    """A clip dataset streams windows of frames: ``clip=`` says how."""
+    if clip is None:
+        raise ValueError(
+            f"{folder}: a clip dataset (shardmaker build --clips): stream windows of frames with "
+            "clip=wdsr.ClipConfig(frames=T) (a mix holds clip datasets only, or image datasets only)"
+        )
+
+
+KIND = SampleKind(
+    name="clip",
+    what="a clip dataset",
+    plural="clips",
+    claims=lambda raw: raw.digests is None and is_clip(raw.members),
+    holds=is_clip_dataset,
+    members=clip_members,
+    pair=clip_pair,
+    options=clip_options,
+)

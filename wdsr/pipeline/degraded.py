@@ -21,10 +21,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardmaker.format import Manifest
 from wdsr import seeds
+from wdsr.degrade import draw_arrays
 from wdsr.errors import SampleError
 from wdsr.pipeline.augment import N_DIHEDRAL, chw_shape, patch_source, write_chw
-from wdsr.pipeline.patches import Patch
+from wdsr.pipeline.patches import Patch, PatchConfig, best_try, draws
+from wdsr.pipeline.read import RawSample
+from wdsr.pipeline.sample import DecodeSpec, Hr, LrMode, LrSource, tile_reads
 
 
 class HRPatch(Patch):
@@ -82,7 +86,6 @@ class DegradePair:
     LR and carry their degradation parameters; ``lr_hw`` is the LR grid their positions are drawn on."""
 
     chw = False
-    cacheable = False  # HR alone: the decoded cache keeps pairs
 
     def __init__(self, shard: str, key: str, rep: int, hr: Any, scale: int, cfg: Any, decode_ns: int, verify_ns: int):
         self.shard, self.key, self.rep, self.hr, self.scale, self.cfg = shard, key, rep, hr, scale, cfg
@@ -95,18 +98,22 @@ class DegradePair:
         self.lr_hw = (h // scale, w // scale)
         self.tiled = not isinstance(hr, np.ndarray)
 
-    def tile_images(self) -> tuple[Any, ...]:
-        return (self.hr,)
+    @property
+    def lazy(self) -> bool:
+        return self.tiled
+
+    def keep(self, cache: Any, channels: int | None, bit_depth: int | None) -> bool:
+        return False  # HR alone: the decoded cache keeps pairs
+
+    def take_stats(self) -> dict[str, int]:
+        return tile_reads((self.hr,)) if self.tiled else {}
 
     def hwc(self) -> tuple[np.ndarray, np.ndarray]:
         raise SampleError(self.shard, self.key, "a degrade= sample has no LR to hand out whole (degrade= is for training)")
 
-    def cut_own(self, spec: Any, base: np.uint64, first: int, count: int) -> tuple[list[Patch], int]:
+    def cut(self, spec: PatchConfig, base: np.uint64, first: int, count: int) -> tuple[list[Patch], int]:
         """Patches ``first ..`` at the stored-LR positions (flat patches rejected by their HR's std),
         each with the parameters :func:`wdsr.degrade.draw_arrays` draws for it."""
-        from wdsr.degrade import draw_arrays
-        from wdsr.pipeline.patches import best_try, draws
-
         s, p = spec.scale, spec.patch_size // spec.scale
         lh, lw = self.lr_hw
         if lh < p or lw < p:
@@ -132,3 +139,18 @@ class DegradePair:
             params = draw_arrays(self.cfg, seeds.degrade(base, j), spec.patch_size)
             out.append(HRPatch(patch_source(hr, t), t, self.key, j, params))
         return out, rejected
+
+
+def degrade_pair(raw: RawSample, hr: Hr, spec: DecodeSpec) -> DegradePair:
+    return DegradePair(raw.shard, raw.key, raw.rep, hr.image, spec.scale, spec.degrade, hr.decode_ns, hr.verify_ns)
+
+
+def check_degrade_input(folder: str, m: Manifest, scale: int) -> None:
+    """What the manifest says of a dataset's images, against what a Degrader takes (8-bit RGB)."""
+    if m.channels is not None and m.channels != 3:
+        raise ValueError(f"{folder}: degrade= takes RGB images; this dataset's have {m.channels} channel(s)")
+    if m.bit_depth is not None and m.bit_depth != 8:
+        raise ValueError(f"{folder}: degrade= takes 8-bit images; this dataset's are {m.bit_depth}-bit")
+
+
+SOURCE = LrSource(modes=(LrMode.DEGRADE,), make=degrade_pair, check=check_degrade_input, cacheable=False)

@@ -2,22 +2,21 @@
 
 Each patch's coordinates and transform are a hash of (seed, epoch, key, j) (``draws``), so they
 do not depend on world size, worker count or reading order, and any patch is computed directly.
+Every kind of decoded sample is a :class:`Pair`, which cuts its own patches at those positions
+(``wdsr.pipeline.whole``, ``tiled``, ``clips``, ``bicubic``, ``degraded``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from shardmaker import compat
 from wdsr import seeds
-from wdsr.errors import SampleError
-from wdsr.pipeline import tiled
-from wdsr.pipeline.augment import N_DIHEDRAL, chw_shape, patch_source, write_chw
-from wdsr.pipeline.decode import DecodedPair
+from wdsr.pipeline.augment import chw_shape, write_chw
 from wdsr.seeds import patch_base as draw_base  # the stream of one sample's patches in one epoch
 
 
@@ -164,55 +163,40 @@ def best_try(
     return best[1], best[2], best[3], rejected
 
 
-def cut(pair: DecodedPair, spec: PatchConfig, base: np.uint64, j: int, first: np.ndarray | None = None) -> tuple[Patch, int]:
-    """Patch ``j`` (and how many candidates were rejected as flat); ``first``: its try-0 draws."""
-    s, p = spec.scale, spec.patch_size // spec.scale
-    lh, lw = pair.lr_hw
-    if lh < p or lw < p:
-        raise SampleError(pair.shard, pair.key, f"LR {lw}x{lh} is smaller than the LR patch {p}x{p}")
-    bounds = (lh - p + 1, lw - p + 1, N_DIHEDRAL if spec.augment else 1)
-    d = first if first is not None else draws(base, np.array([j]), 0, bounds)[0]
-    t = int(d[2])
+class Pair(Protocol):
+    """A decoded sample of any kind (``wdsr.pipeline.kinds``): an image pair (whole or tiled), a pair
+    whose LR is made per patch or on the device, a clip segment. What the source, the stream and the
+    val pass ask of it; ``cut`` is the one thing each kind does its own way."""
 
-    def lr_std(cy: int, cx: int) -> tuple[float, None]:
-        return float((pair.lr[:, cy : cy + p, cx : cx + p] if pair.chw else pair.lr[cy : cy + p, cx : cx + p]).std()), None
+    shard: str
+    key: str
+    rep: int
+    decode_ns: int  # decoding (and making LR) so far
+    verify_ns: int  # checking digests and headers
 
-    y, x, _, rejected = best_try(spec, base, j, d, bounds, lr_std)
-    if pair.chw:  # planar arrays (the decoded cache)
-        lr_v, hr_v = pair.lr[:, y : y + p, x : x + p], pair.hr[:, s * y : s * (y + p), s * x : s * (x + p)]
-    else:
-        lr_v, hr_v = pair.lr[y : y + p, x : x + p], pair.hr[s * y : s * (y + p), s * x : s * (x + p)]
-    return Patch(patch_source(lr_v, t, pair.chw), patch_source(hr_v, t, pair.chw), t, pair.chw, pair.key, j), rejected
+    @property
+    def lr_hw(self) -> tuple[int, int]: ...  # the LR grid the patch positions are drawn on
+
+    @property
+    def lazy(self) -> bool: ...  # decodes as its patches are cut (tiles, frames): a bad part shows at the first cut
+
+    def cut(self, spec: PatchConfig, base: np.uint64, first: int, count: int) -> tuple[list[Any], int]:
+        """Patches ``first .. first + count - 1`` (each at the position its draws from ``base`` give it)
+        and how many candidates were rejected as flat."""
+        ...
+
+    def keep(self, cache: Any, channels: int | None, bit_depth: int | None) -> bool:
+        """Keep this pair in the node-wide decoded cache, or use it (a clip's frames); True: stored now."""
+        ...
+
+    def hwc(self) -> tuple[np.ndarray, np.ndarray]: ...  # (HR, LR) whole, H x W [x C] (split="val")
+
+    def take_stats(self) -> dict[str, int]: ...  # counts since the last call: tile bytes read, decoded-cache hits
 
 
-def cut_patches(pair: DecodedPair, spec: PatchConfig, seed: int, epoch: int, first: int, count: int) -> tuple[list[Patch], int]:
-    """Patches ``first .. first+count-1`` of this pair (j is offset by the plan's wrap count)."""
-    own = getattr(pair, "cut_own", None)  # a clip segment's windows (pipeline.clips), LR made per patch (pipeline.bicubic)
-    if own is not None:
-        return own(spec, draw_base(seed, epoch, pair.key), first, count)  # type: ignore[no-any-return]
-    out, rejected = [], 0
-    base = draw_base(seed, epoch, pair.key)
-    p = spec.patch_size // spec.scale
-    lh, lw = pair.lr_hw
-    js = np.arange(first, first + count)
-    firsts = draws(base, js, 0, (max(1, lh - p + 1), max(1, lw - p + 1), N_DIHEDRAL if spec.augment else 1))
-    if pair.tiled:  # a remote tiled pair fetches the tiles of all these patches at once (their first tries)
-        tiled.prefetch_patches(pair, [(y, x) for y, x, _ in firsts.tolist()], p, spec.scale)
-    if spec.min_patch_std is not None or lh < p or lw < p:
-        for n, j in enumerate(range(first, first + count)):
-            patch, r = cut(pair, spec, base, j, firsts[n])
-            out.append(patch)
-            rejected += r
-        return out, rejected
-    # every patch its try-0 draw: what cut() does, without its per-patch checks
-    s, lr, hr, chw, key = spec.scale, pair.lr, pair.hr, pair.chw, pair.key
-    for j, (y, x, t) in zip(range(first, first + count), firsts.tolist(), strict=True):
-        if chw:
-            lr_v, hr_v = lr[:, y : y + p, x : x + p], hr[:, s * y : s * (y + p), s * x : s * (x + p)]
-        else:
-            lr_v, hr_v = lr[y : y + p, x : x + p], hr[s * y : s * (y + p), s * x : s * (x + p)]
-        out.append(Patch(patch_source(lr_v, t, chw), patch_source(hr_v, t, chw), t, chw, key, j))
-    return out, 0
+def cut_patches(pair: Pair, spec: PatchConfig, seed: int, epoch: int, first: int, count: int) -> tuple[list[Any], int]:
+    """Patches ``first .. first+count-1`` of this pair (j is offset by the plan's wrap count), cut as its kind cuts them."""
+    return pair.cut(spec, draw_base(seed, epoch, pair.key), first, count)
 
 
 __getattr__ = compat.module_getattr(

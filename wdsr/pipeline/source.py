@@ -11,11 +11,16 @@ from typing import Any
 from shardmaker.errors import OnError
 from shardmaker.format import Manifest, hr_member
 from wdsr.errors import SampleError
+from wdsr.pipeline.checks import Kind, Verify
 from wdsr.pipeline.clips import ClipConfig
-from wdsr.pipeline.decode import DecodedPair, Kind, Verify, decode_pair, wanted_members
+from wdsr.pipeline.decode import decode_sample
+from wdsr.pipeline.kinds import wanted_members
+from wdsr.pipeline.patches import Pair
 from wdsr.pipeline.plan import Span
 from wdsr.pipeline.read import ShardReader
+from wdsr.pipeline.sample import DecodeSpec, LrMode
 from wdsr.pipeline.stats import SharedStats
+from wdsr.pipeline.whole import DecodedPair
 from wdsr.store.decoded import DecodedCache
 
 log = logging.getLogger("wdsr")
@@ -51,13 +56,13 @@ class Source:
     cache: DecodedCache | None = None  # node-wide decoded pairs (wdsr.store.decoded)
     kind: Kind | None = None  # what every sample decodes to (one object for all sources of a mix)
     clip: ClipConfig | None = None  # a clip dataset's windows (its samples are clip segments)
-    lr: str = "stored"  # or "bicubic" / "bicubic-uint8": LR made per patch from HR (pipeline.bicubic)
-    degrade: Any = None  # a wdsr.degrade config: HR patches + their parameters (pipeline.degraded), lr "degrade"
+    lr: LrMode = LrMode.STORED  # or LR made from HR: per patch (pipeline.bicubic), on the device (pipeline.degraded)
+    degrade: Any = None  # a wdsr.degrade config (lr DEGRADE): HR patches + their parameters
 
     def shard_name(self, index: int) -> str:
         return self.reader.manifest.shards[index].name
 
-    def pairs(self, spans: Iterable[Span], worker: int, count: bool = True) -> Generator[DecodedPair | None, None, None]:
+    def pairs(self, spans: Iterable[Span], worker: int, count: bool = True) -> Generator[Pair | None, None, None]:
         """One item per sample of ``spans``, in order: the decoded pair, or None for a sample that
         cannot be used. Its error has gone to the policy already (which raises it under ``fail``;
         ``count=False``, for look-aheads, leaves the counting to the pass that reaches it). With a
@@ -97,10 +102,12 @@ class Source:
             return self.kind.channels, self.kind.bit_depth
         return self.reader.manifest.channels, self.reader.manifest.bit_depth
 
-    def _decoded(self, span: Span, worker: int, count: bool) -> Generator[DecodedPair | None, None, None]:
+    def _decoded(self, span: Span, worker: int, count: bool) -> Generator[Pair | None, None, None]:
         manifest = self.reader.manifest
-        wanted = wanted_members(manifest, self.scale, self.lr)
-        names = manifest.member_names(self.scale) if self.lr == "stored" else (_hr_name(manifest), "")
+        lr = LrMode(self.lr)
+        wanted = wanted_members(manifest, self.scale, lr)
+        names = manifest.member_names(self.scale) if not lr.made else (_hr_name(manifest), "")
+        spec = DecodeSpec(names, self.scale, self.verify, self.max_pixels, self.kind, self.clip, lr, self.degrade)
         pos = span.start
         while pos < span.stop:
             try:
@@ -108,9 +115,7 @@ class Source:
                     pos = raw.index + 1
                     self.stats.add(worker, samples=1, bytes_read=raw.nbytes, read_ns=raw.read_ns, **self.reader.take_counts())
                     try:
-                        pair = decode_pair(
-                            raw, names, self.scale, self.verify, self.max_pixels, self.kind, self.clip, self.lr, self.degrade
-                        )
+                        pair = decode_sample(raw, spec)
                     except SampleError as exc:
                         if count:
                             self.errors(worker, exc)
@@ -119,11 +124,8 @@ class Source:
                         yield None
                         continue
                     self.stats.add(worker, decode_ns=pair.decode_ns, verify_ns=pair.verify_ns)
-                    if self.cache is not None and hasattr(pair, "use_cache"):  # a clip: its frames one entry each
-                        pair.use_cache(self.cache, *self._cache_kind())
-                    # a tiled pair is decoded tile by tile, a clip frame by frame: neither is kept
-                    cache = None if pair.tiled or not getattr(pair, "cacheable", True) else self.cache
-                    if cache is not None and cache.store(pair.key, pair.hr, pair.lr, *self._cache_kind()):
+                    # a whole pair is kept, a clip keeps its frames; a tiled pair (decoded tile by tile) is not
+                    if self.cache is not None and pair.keep(self.cache, *self._cache_kind()):
                         self.stats.add(worker, decoded_stores=1)
                     yield pair
                     del pair, raw  # hold nothing while the next sample is read and decoded
@@ -155,7 +157,7 @@ class MixSource:
         i, local = self._where[index]
         return self.sources[i].shard_name(local)
 
-    def pairs(self, spans: Iterable[Span], worker: int, count: bool = True) -> Generator[DecodedPair | None, None, None]:
+    def pairs(self, spans: Iterable[Span], worker: int, count: bool = True) -> Generator[Pair | None, None, None]:
         for span in spans:
             i, local = self._where[span.shard_index]
             yield from self.sources[i].pairs([Span(local, span.start, span.stop, span.rep)], worker, count)

@@ -19,9 +19,7 @@ from collections.abc import Iterator
 
 from shardmaker.errors import OnError
 from wdsr.errors import SampleError
-from wdsr.pipeline import tiled
-from wdsr.pipeline.decode import DecodedPair
-from wdsr.pipeline.patches import Patch, PatchConfig, cut_patches
+from wdsr.pipeline.patches import Pair, Patch, PatchConfig, cut_patches
 from wdsr.pipeline.plan import SampleRef, Span, TrainPlan
 from wdsr.pipeline.source import MixSource, Source
 
@@ -50,7 +48,7 @@ class TrainStream:
         self.total = len(self.samples) * k
         self._waiting: dict[int, list[int]] = {}  # sample -> its waiting js, at a resume
         self._ready: dict[int, Patch] = {}  # position -> patch, cut early for a waiting position
-        self._kept: tuple[DecodedPair, dict[int, Patch], int] | None = None  # a lazy pair's patches, cut to check it
+        self._kept: tuple[Pair, dict[int, Patch], int] | None = None  # a lazy pair's patches, cut to check it
 
     # ---- reading samples by slot index --------------------------------------------------------
     def _spans(self, i0: int, i1: int) -> list[Span]:
@@ -63,7 +61,7 @@ class TrainStream:
                 out.append(Span(shard, index, index + 1, rep))
         return out
 
-    def _usable(self, item: DecodedPair | None, count: bool = True) -> DecodedPair | None:
+    def _usable(self, item: Pair | None, count: bool = True) -> Pair | None:
         """The pair if patches can be cut from it; a pair too small for one patch is a bad sample,
         and so is a tiled pair a tile of whose own ``k`` patches (all of them, wherever the stream
         starts: a pure function of the data) fails its checks as it is decoded, or a clip segment a
@@ -75,7 +73,7 @@ class TrainStream:
         err = None
         if lh < p or lw < p:
             err = SampleError(item.shard, item.key, f"LR {lw}x{lh} is smaller than the LR patch {p}x{p}")
-        elif item.tiled or getattr(item, "lazy", False):  # decodes (and keeps) the tiles or frames its patches or
+        elif item.lazy:  # decodes (and keeps) the tiles or frames its patches or
             # windows touch, so a bad one is found here, where the policy decides; the cut then only copies
             t0 = time.perf_counter_ns()
             try:
@@ -84,16 +82,14 @@ class TrainStream:
                 self._kept = (item, dict(zip(range(item.rep * self.k, (item.rep + 1) * self.k), got, strict=True)), rejected)
             except SampleError as exc:
                 err = exc
-            counts = getattr(item, "take_counts", None)
-            more = counts() if counts is not None else {}
-            self.src.stats.add(self.worker, patch_ns=time.perf_counter_ns() - t0, **tiled.take_reads(item), **more)
+            self.src.stats.add(self.worker, patch_ns=time.perf_counter_ns() - t0, **item.take_stats())
         if err is None:
             return item
         if count or self.src.errors.on_error is OnError.FAIL:
             self.src.errors(self.worker, err)
         return None
 
-    def _one(self, i: int, count: bool = False) -> DecodedPair | None:
+    def _one(self, i: int, count: bool = False) -> Pair | None:
         """Slot sample ``i`` alone (a look-ahead or a resume): counted as a skip only when ``count``."""
         items = self.src.pairs(self._spans(i, i + 1), self.worker, count)
         try:
@@ -102,7 +98,7 @@ class TrainStream:
             items.close()
 
     # ---- patches ---------------------------------------------------------------------------
-    def _cut(self, pair: DecodedPair, indices: list[int]) -> list[Patch]:
+    def _cut(self, pair: Pair, indices: list[int]) -> list[Patch]:
         t0 = time.perf_counter_ns()
         kept = self._kept
         if kept is not None and kept[0] is not pair:
@@ -124,17 +120,15 @@ class TrainStream:
                 run = 0
             else:
                 run += 1
-        reads = tiled.take_reads(pair)  # a tiled pair's tiles are read as its patches are cut
-        counts = getattr(pair, "take_counts", None)  # a clip's frames from (or to) the decoded cache
-        reads |= counts() if counts is not None else {}
+        reads = pair.take_stats()  # a tiled pair's tiles are read as its patches are cut, a clip's frames cached
         self.src.stats.add(self.worker, patches=len(out), rejected=rejected, patch_ns=time.perf_counter_ns() - t0, **reads)
         return out
 
-    def _own(self, pair: DecodedPair, i: int, js: list[int]) -> list[Patch]:
+    def _own(self, pair: Pair, i: int, js: list[int]) -> list[Patch]:
         rep = self.samples[i].rep
         return self._cut(pair, [rep * self.k + j for j in js])
 
-    def _stand_ins(self, pair: DecodedPair, good: int | None, bad: int, js: list[int]) -> list[Patch]:
+    def _stand_ins(self, pair: Pair, good: int | None, bad: int, js: list[int]) -> list[Patch]:
         """Patches for the positions ``js`` of failed sample ``bad``, cut from ``pair`` (slot
         sample ``good``, or another slot's when None)."""
         k = self.k
@@ -146,7 +140,7 @@ class TrainStream:
             base = _EXTRA_J + _BACKWARD + (bad - good - 1) * k
         return self._cut(pair, [base + j for j in js])
 
-    def _backup(self, bad: int, last_good: int | None) -> tuple[DecodedPair, int | None]:
+    def _backup(self, bad: int, last_good: int | None) -> tuple[Pair, int | None]:
         """The source of stand-ins for a failed sample with no usable one after it in the slot."""
         i = bad - 1 if last_good is None else last_good
         while i >= 0:
@@ -214,7 +208,7 @@ class TrainStream:
         pair = self._one(i, count=True)
         if pair is not None:
             return self._own(pair, i, js)
-        source: tuple[DecodedPair, int | None] | None = None
+        source: tuple[Pair, int | None] | None = None
         for g in range(i + 1, len(self.samples)):
             nxt = self._one(g)
             if nxt is not None:

@@ -9,23 +9,23 @@ are the same, so a dataset stored tiled gives the batches it gives untiled, byte
 
 Members come in memory, read by range from a local file (``read.FileMember``) or from an object
 store (``remote.RangePart``: each read a request, so its tiles are fetched as the patch stage
-announces them, :func:`prefetch_patches`, and every tile is checked as it arrives, not up front).
+announces them, ``DecodedPair.prefetch``, and every tile is checked as it arrives, not up front).
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shardmaker import format as fmt
-from shardmaker.format import TILED, hr_member, lr_member, pair_fits
+from shardmaker.format import JSON_MEMBER, TILED, Manifest, hr_member, lr_member, pair_fits
 from shardmaker.imaging import TiledImage, read_layout
 from wdsr.errors import SampleError
-
-if TYPE_CHECKING:
-    from wdsr.pipeline.decode import DecodedPair, Kind, Verify
-    from wdsr.pipeline.read import RawSample
+from wdsr.pipeline.checks import Verify
+from wdsr.pipeline.read import RawSample
+from wdsr.pipeline.sample import DecodeSpec, Hr, LrMode, SampleKind, is_clip_dataset
+from wdsr.pipeline.whole import DecodedPair, image_options
 
 HR_TILED = hr_member(TILED)
 
@@ -35,12 +35,11 @@ def is_tiled(raw: RawSample) -> bool:
     return raw.digests is None and HR_TILED in raw.members
 
 
-def tiled_pair(raw: RawSample, meta: dict[str, Any], scale: int, verify: Verify, kind: Kind | None) -> DecodedPair:
+def tiled_pair(raw: RawSample, meta: dict[str, Any], spec: DecodeSpec) -> DecodedPair:
     """The sample's HR and x``scale`` LR as :class:`TiledImage` (HR viewed cropped to exactly
     ``scale`` x LR), every header, index and pairing rule checked first; failures are SampleErrors."""
-    from wdsr.pipeline.decode import DecodedPair
-
     t0 = time.perf_counter_ns()
+    scale, kind = spec.scale, spec.kind
     names = (HR_TILED, lr_member(scale, TILED))
 
     def fail(reason: str) -> SampleError:
@@ -66,7 +65,7 @@ def tiled_pair(raw: RawSample, meta: dict[str, Any], scale: int, verify: Verify,
     head = fmt.ImageHeader(hr.width, hr.height, hr.channels, hr.bit_depth)
     if kind is not None:
         kind.check(raw.shard, raw.key, names[0], head)
-    per_tile = _check_tiles(raw, meta, names, layouts, verify)
+    per_tile = _check_tiles(raw, meta, names, layouts, Verify(spec.verify))
     hr_img = _Tiles(raw, names[0], layouts[0], (scale * lr.height, scale * lr.width), per_tile)
     lr_img = _Tiles(raw, names[1], layouts[1], None, per_tile)
     if kind is not None:
@@ -74,10 +73,11 @@ def tiled_pair(raw: RawSample, meta: dict[str, Any], scale: int, verify: Verify,
     return DecodedPair(raw.shard, raw.key, raw.rep, hr_img, lr_img, 0, time.perf_counter_ns() - t0)  # type: ignore[arg-type]
 
 
-def tiled_hr(raw: RawSample, meta: dict[str, Any], verify: Verify, kind: Kind | None) -> TiledImage:
+def tiled_hr(raw: RawSample, meta: dict[str, Any], spec: DecodeSpec) -> Hr:
     """The sample's tiled HR alone (LR made from it: ``lr="bicubic"``, ``degrade=``), its header,
     index and tiles checked as :func:`tiled_pair` checks them."""
-    names = (HR_TILED,)
+    t0 = time.perf_counter_ns()
+    names, kind = (HR_TILED,), spec.kind
     try:
         layouts = [read_layout(raw.members[HR_TILED])]
     except fmt.TileFormatError as exc:
@@ -90,17 +90,18 @@ def tiled_hr(raw: RawSample, meta: dict[str, Any], verify: Verify, kind: Kind | 
     head = fmt.ImageHeader(hr.width, hr.height, hr.channels, hr.bit_depth)
     if kind is not None:
         kind.check(raw.shard, raw.key, HR_TILED, head)
-    per_tile = _check_tiles(raw, meta, names, layouts, verify)
+    per_tile = _check_tiles(raw, meta, names, layouts, Verify(spec.verify))
     img = _Tiles(raw, HR_TILED, layouts[0], None, per_tile)
     if kind is not None:
         kind.fix(raw.key, head)
-    return img
+    if img.shape[0] * img.shape[1] > spec.max_pixels:
+        raise SampleError(raw.shard, raw.key, f"HR of {img.shape[1]}x{img.shape[0]} pixels is over max_pixels={spec.max_pixels}")
+    return Hr(img, 0, time.perf_counter_ns() - t0)
 
 
 def _check_tiles(raw: RawSample, meta: dict[str, Any], names: tuple[str, ...], layouts: list[Any], verify: Verify) -> bool:
     """Members ``names`` checked before any tile is decoded (sha256: whole; in memory or read from
     a local file: every tile's header, in memory its digest too); whether tiles are checked as read."""
-    from wdsr.pipeline.decode import Verify
 
     def fail(reason: str) -> SampleError:
         return SampleError(raw.shard, raw.key, reason)
@@ -155,27 +156,6 @@ class _Tiles(TiledImage):
             raise SampleError(shard, key, f"{name}: {exc}") from None
 
 
-def prefetch_patches(pair: DecodedPair, yx: list[tuple[int, int]], p: int, scale: int) -> None:
-    """Tell a tiled pair the LR patches (side ``p``, top-left ``yx``) about to be cut, and their HR:
-    a member read by request fetches all their tiles at once (merged, concurrently)."""
-    lh, lw = pair.lr_hw
-    if not pair.tiled or lh < p or lw < p:
-        return
-    s = scale
-    pair.lr.prefetch([(y, x, p, p) for y, x in yx])  # type: ignore[attr-defined]
-    pair.hr.prefetch([(s * y, s * x, s * p, s * p) for y, x in yx])  # type: ignore[attr-defined]
-
-
-def take_reads(pair: DecodedPair) -> dict[str, int]:
-    """The stats of the tile reads of a tiled pair since the last call: ``bytes_read``, ``read_ns``."""
-    if not pair.tiled:
-        return {}
-    own = getattr(pair, "tile_images", None)  # LR made per patch: HR alone (never the whole LR)
-    images: tuple[Any, ...] = own() if own is not None else (pair.hr, pair.lr)
-    got = [img.take_reads() for img in images if isinstance(img, _Tiles)]
-    return {"bytes_read": sum(b for b, _ in got), "read_ns": sum(ns for _, ns in got)}
-
-
 def _requested(member: Any) -> bool:
     """A member whose every read is a request to an object store (it can be told what to fetch)."""
     return hasattr(member, "prefetch")
@@ -194,3 +174,22 @@ def _sha256(member: Any) -> str:
 
 def fmt_scales(meta: dict[str, Any]) -> str:
     return repr(meta.get("scales"))
+
+
+def _members(m: Manifest, scale: int, lr: LrMode) -> frozenset[str]:
+    if m.members is not None:  # an index of foreign shards: never tiled
+        return frozenset()
+    return frozenset({JSON_MEMBER, HR_TILED} if lr.made else {JSON_MEMBER, HR_TILED, lr_member(scale, TILED)})
+
+
+KIND = SampleKind(
+    name="tiled",
+    what="an image dataset",
+    plural="images",
+    claims=is_tiled,
+    holds=lambda m: m.members is None and not is_clip_dataset(m),
+    members=_members,
+    pair=tiled_pair,
+    options=image_options,
+    hr=tiled_hr,
+)

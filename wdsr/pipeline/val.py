@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from wdsr.pipeline.decode import DecodedPair
+from wdsr.pipeline.patches import Pair
 from wdsr.pipeline.plan import SampleRef, Span
 from wdsr.pipeline.source import MixSource, Source
 from wdsr.pipeline.tiles import tile_boxes
@@ -36,7 +36,7 @@ def val_pass(
                 yield val_sample(pair, scale, tile, overlap)
 
 
-def val_sample(pair: DecodedPair, scale: int, tile: int | None, overlap: int) -> ValSample:
+def val_sample(pair: Pair, scale: int, tile: int | None, overlap: int) -> ValSample:
     s = scale
     hr_img, lr_img = pair.hwc()
     lh, lw = lr_img.shape[:2]
