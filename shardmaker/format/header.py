@@ -176,8 +176,8 @@ class SampleHeader:
             raise ValueError(f"lr_sizes must have one size per scale {list(self.scales)}, got {brief(self.lr_sizes)}")
         for s, size in self.lr_sizes.items():
             _size(f"lr_sizes.{s}", size)
-        if self.tiles is not None:
-            _int("tiles", self.tiles, MIN_TILE, MAX_TILE)
+        if self.tiles is not None and (_int("tiles", self.tiles, MIN_TILE, MAX_TILE) and any(self.tiles % s for s in self.scales)):
+            raise ValueError(f"tiles must be a multiple of every scale {list(self.scales)}, got {self.tiles}")
         if self.lr_sources is not None and (
             sorted(self.lr_sources) != list(self.scales)
             or not all(type(v) is str and len(v) <= MAX_TEXT for v in self.lr_sources.values())

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
-import json
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -107,22 +105,40 @@ class Verify(str, enum.Enum):
     SHA256 = "sha256"  # ~2 GB/s: also catches deliberate tampering
 
 
-def check_digests(shard: str, key: str, members: Mapping[str, Any], meta: dict, names: tuple[str, ...], verify: Verify) -> None:
-    """The members ``names`` against their digests in ``{key}.json`` (``meta``)."""
+def check_digests(
+    shard: str,
+    key: str,
+    members: Mapping[str, Any],
+    meta: Mapping[str, Any] | fmt.Digests,
+    names: tuple[str, ...],
+    verify: Verify,
+) -> None:
+    """The members ``names`` against their digests in ``{key}.json`` (``meta``: its JSON object, or its
+    digests): ``shardmaker.format.check_digests``, its failures as a SampleError."""
     if verify is Verify.NONE:
         return
-    digests = meta.get(verify.value)
-    if digests is not None and type(digests) is not dict:
-        raise SampleError(shard, key, f"{key}.json: {verify.value} is not an object of digests")
-    if digests is None:
-        if verify is Verify.XXH3 and "sha256" in meta:  # shards from builds that did not record xxh3_64
-            return check_digests(shard, key, members, meta, names, Verify.SHA256)
-        raise SampleError(shard, key, f"{key}.json has no {verify.value} digests to check")
-    for name in names:
-        data = members[name]
-        got = xxhash.xxh3_64_hexdigest(data) if verify is Verify.XXH3 else hashlib.sha256(data).hexdigest()
-        if got != digests.get(name):
-            raise SampleError(shard, key, f"{name} does not match its {verify.value} in {key}.json (corrupt shard)")
+    try:
+        if not isinstance(meta, fmt.Digests):
+            meta = fmt.Digests(meta.get("sha256"), meta.get("xxh3_64"))  # type: ignore[arg-type]
+        fmt.check_digests(meta, members, names, verify.value, shard, key)
+    except fmt.SampleHeaderError as exc:
+        raise SampleError(shard, key, exc.reason) from None
+    except ValueError as exc:
+        raise SampleError(shard, key, f"{key}.json: {exc}") from None
+
+
+def _sample_json(raw: RawSample, view: bool) -> dict[str, Any]:
+    """``{key}.json``, checked (``shardmaker.format.SampleHeader.parse``), as the JSON object the kinds
+    read; of a clip frame's ``view`` (made by the clip kind from its segment's checked header), the digests."""
+    if "json" not in raw.members:
+        raise SampleError(raw.shard, raw.key, "no json member")
+    try:
+        if view:
+            d = fmt.parse_digests(raw.members["json"], raw.shard, raw.key)
+            return {"sha256": d.sha256, **({} if d.xxh3_64 is None else {"xxh3_64": d.xxh3_64})}
+        return fmt.SampleHeader.parse(raw.members["json"], raw.shard, raw.key).to_json()
+    except fmt.SampleHeaderError as exc:
+        raise SampleError(raw.shard, raw.key, exc.reason) from None
 
 
 @dataclasses.dataclass
@@ -253,38 +269,31 @@ def decode_pair(
     clip: clips.ClipConfig | None = None,
     lr_mode: str = "stored",
     degrade: Any = None,
+    view: bool = False,
 ) -> DecodedPair:
     """Check headers (sizes against the manifest, scale, ``max_pixels``, channels and depth against
     ``kind``) and digests, then decode the members ``names`` (HR, LR); every failure is a SampleError
     naming shard and key. Digests come from ``{key}.json`` in our shards, from the manifest in an
-    index of foreign shards (``raw.digests``, xxh3_64)."""
+    index of foreign shards (``raw.digests``, xxh3_64). ``view``: a clip frame's sample."""
     t0 = time.perf_counter_ns()
     hr_name, lr_name = names
 
     def fail(reason: str) -> SampleError:
         return SampleError(raw.shard, raw.key, reason)
 
-    meta: dict[str, Any] = {}
-    if raw.digests is None:
-        if "json" not in raw.members:
-            raise fail("no json member")
-        try:
-            meta = json.loads(bytes(raw.members["json"]))
-        except (ValueError, RecursionError):
-            raise fail("json member is not valid JSON") from None
-        if type(meta) is not dict:
-            raise fail("json member is not a JSON object")
+    meta: dict[str, Any] = {} if raw.digests is not None else _sample_json(raw, view)
     if raw.digests is None and clips.is_clip(raw.members):
         if clip is None:
             raise fail("a clip sample (frames hr_f0000 ...): stream clip datasets with clip=wdsr.ClipConfig(frames=T)")
 
         def frame(sub: RawSample, frame_names: tuple[str, str]) -> DecodedPair:  # checked by check() first
-            return decode_pair(sub, frame_names, scale, verify if tiled.is_tiled(sub) else Verify.NONE, max_pixels, kind)
+            sub_verify = verify if tiled.is_tiled(sub) else Verify.NONE
+            return decode_pair(sub, frame_names, scale, sub_verify, max_pixels, kind, view=True)
 
         def check(sub: RawSample, frame_names: tuple[str, str]) -> None:  # before any frame is decoded
             if not tiled.is_tiled(sub):  # a tiled frame's checks are its layout's and each tile's, as it is read
                 check_headers(sub.shard, sub.key, sub.members, frame_names, scale, max_pixels, sub.hr_size, kind)
-                check_digests(sub.shard, sub.key, sub.members, json.loads(sub.members["json"]), frame_names, Verify(verify))
+                check_digests(sub.shard, sub.key, sub.members, _sample_json(sub, True), frame_names, Verify(verify))
 
         return clips.decode_clip(raw, meta, scale, clip, frame, check)  # type: ignore[return-value]
     if lr_mode != "stored":
