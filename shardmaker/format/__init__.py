@@ -10,7 +10,7 @@ Everything read from a dataset passes through here and trusts nothing it reads:
   its column index (:mod:`.colread`); :func:`locate` splits a manifest URL into folder and name.
 * :mod:`.header` -- the per-sample header ``{key}.json`` (:class:`SampleHeader`): its one parser
   (:meth:`SampleHeader.parse`, every field typed and bounded), its one encoder (:meth:`SampleHeader.encode`,
-  the bytes the build writes) and the one digest check (:func:`check_digests`); failures are
+  the bytes the build writes); :mod:`.digests`: the one digest check (:func:`check_digests`); failures are
   :class:`SampleHeaderError` (shard, key, reason). Member names (``hr.png``, ``lr_x4.png``, a clip's
   ``hr_f0003.png``) and the clip limits live in :mod:`.schema`.
 * :mod:`.tario` -- tar members parsed with every size bounded by the bytes left, so parsing always
@@ -27,15 +27,8 @@ Readers turn these into ``wdsr.SampleError`` (shard, key, reason); messages neve
 """
 
 from shardmaker.format import tiles
-from shardmaker.format.header import (
-    ClipSpan,
-    DigestAlgorithm,
-    Digests,
-    SampleHeader,
-    SampleHeaderError,
-    check_digests,
-    parse_digests,
-)
+from shardmaker.format.digests import DigestAlgorithm, Digests, SampleHeaderError, check_digests
+from shardmaker.format.header import ClipSpan, SampleHeader, parse_digests
 from shardmaker.format.headers import DEFAULT_MAX_PIXELS, HeaderError, ImageHeader, check_pair, image_header
 from shardmaker.format.loading import load, locate
 from shardmaker.format.manifest import Manifest, ShardInfo, kind_text, parse

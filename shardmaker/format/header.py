@@ -1,6 +1,6 @@
 """The per-sample header ``{key}.json``: its fields (:class:`SampleHeader`), the one parser
 (:meth:`SampleHeader.parse`: bytes -> checked header), the one encoder (:meth:`SampleHeader.encode`:
-the exact bytes the build writes) and the one digest check (:func:`check_digests`).
+the exact bytes the build writes); its digests and the one digest check are :mod:`.digests`.
 
 Every reader (``shardmaker verify``/``cat``/``build``'s resume, ``wdsr``'s stream and ``wdsr.wds``)
 and every writer (image and clip samples) goes through here. A header that breaks a rule is a
@@ -10,16 +10,12 @@ and every writer (image and clip samples) goes through here. A header that break
 from __future__ import annotations
 
 import dataclasses
-import enum
-import hashlib
 import json
-from collections.abc import Iterable, Mapping
 from typing import Any
 
-import xxhash
-
-from shardmaker.errors import ShardmakerError, brief
-from shardmaker.format.schema import LR_METHODS, MAX_CLIP_FRAMES, MAX_SEGMENT, MAX_SIDE, SHA256, XXH3
+from shardmaker.errors import brief
+from shardmaker.format.digests import Digests, SampleHeaderError
+from shardmaker.format.schema import LR_METHODS, MAX_CLIP_FRAMES, MAX_SEGMENT, MAX_SIDE
 from shardmaker.format.tiles import MAX_TILE, MIN_TILE
 
 MAX_HEADER_BYTES = 1 << 22  # a 1000-frame segment's json is under 1 MB; anything larger is refused unparsed
@@ -32,78 +28,6 @@ _FIELDS = frozenset(
     + ("tiles", "lr_sources", "region", "image_size")
     + _CLIP
 )
-
-
-class SampleHeaderError(ShardmakerError, ValueError):
-    """A ``{key}.json`` that breaks the schema, or members that do not match its digests:
-    ``shard``, ``key`` and ``reason``. ``foreign``: not a JSON object with digests at all (another
-    tool's json, which ``wdsr.wds`` leaves alone)."""
-
-    def __init__(self, shard: str, key: str | None, reason: str, foreign: bool = False) -> None:
-        super().__init__(f"{shard} key {key!r}: {reason}" if key is not None else f"{shard}: {reason}")
-        self.shard, self.key, self.reason, self.foreign = shard, key, reason, foreign
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # survive the trip from a worker process
-        return (type(self), (self.shard, self.key, self.reason, self.foreign))
-
-
-class DigestAlgorithm(str, enum.Enum):
-    """The digests a header records for every member: xxh3_64 (~40 GB/s, corruption) and sha256 (tampering)."""
-
-    XXH3_64 = "xxh3_64"
-    SHA256 = "sha256"
-
-
-_HEX = {DigestAlgorithm.SHA256: SHA256, DigestAlgorithm.XXH3_64: XXH3}
-
-
-def digest_of(data: Any, algorithm: DigestAlgorithm | str) -> str:
-    """The hex digest of a member's bytes."""
-    if DigestAlgorithm(algorithm) is DigestAlgorithm.XXH3_64:
-        return xxhash.xxh3_64_hexdigest(data)
-    return hashlib.sha256(data).hexdigest()
-
-
-@dataclasses.dataclass(frozen=True)
-class Digests:
-    """Each member's digests, by member suffix (``hr.png``): sha256 always, xxh3_64 since writer revision 3."""
-
-    sha256: dict[str, str]
-    xxh3_64: dict[str, str] | None = None
-
-    def __post_init__(self) -> None:
-        for algo in DigestAlgorithm:
-            got = getattr(self, algo.value)
-            if got is None and algo is DigestAlgorithm.XXH3_64:
-                continue
-            if type(got) is not dict or len(got) > 1 << 16:
-                raise ValueError(f"{algo.value} must be an object of member digests, got {brief(got)}")
-            for name, digest in got.items():
-                if type(name) is not str or type(digest) is not str or not _HEX[algo].fullmatch(digest):
-                    raise ValueError(f"{algo.value} must map member names to hex digests, got {brief(name)}: {brief(digest)}")
-
-    @classmethod
-    def of(cls, members: Mapping[str, bytes]) -> Digests:
-        """Both digests of every member (what the build records)."""
-        return cls(*({n: digest_of(d, a) for n, d in members.items()} for a in (DigestAlgorithm.SHA256, DigestAlgorithm.XXH3_64)))
-
-    def get(self, algorithm: DigestAlgorithm | str) -> dict[str, str] | None:
-        return getattr(self, DigestAlgorithm(algorithm).value)  # type: ignore[no-any-return]
-
-
-def check_digests(
-    digests: Digests, members: Mapping[str, Any], names: Iterable[str], algorithm: DigestAlgorithm | str, shard: str, key: str
-) -> None:
-    """The members ``names`` against their recorded ``algorithm`` digests (``"xxh3_64"`` or
-    ``"sha256"``; a header without xxh3_64, from an older build, is checked by sha256): the one
-    check, with one wording (``... does not match its sha256 in {key}.json``)."""
-    algo = DigestAlgorithm(algorithm)
-    want = digests.get(algo)
-    if want is None:
-        algo, want = DigestAlgorithm.SHA256, digests.sha256
-    for name in names:
-        if digest_of(members[name], algo) != want.get(name):
-            raise SampleHeaderError(shard, key, f"{name} does not match its {algo.value} in {key}.json (corrupt shard)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,7 +100,9 @@ class SampleHeader:
             raise ValueError(f"lr_sizes must have one size per scale {list(self.scales)}, got {brief(self.lr_sizes)}")
         for s, size in self.lr_sizes.items():
             _size(f"lr_sizes.{s}", size)
-        if self.tiles is not None and (_int("tiles", self.tiles, MIN_TILE, MAX_TILE) and any(self.tiles % s for s in self.scales)):
+        if self.tiles is not None and (
+            _int("tiles", self.tiles, MIN_TILE, MAX_TILE) and any(self.tiles % s for s in self.scales)
+        ):
             raise ValueError(f"tiles must be a multiple of every scale {list(self.scales)}, got {self.tiles}")
         if self.lr_sources is not None and (
             sorted(self.lr_sources) != list(self.scales)
