@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +13,21 @@ from tqdm import tqdm
 
 from shardmaker import storage
 from shardmaker.errors import InputError
-from shardmaker.format import headers, tario
+from shardmaker.format import (
+    JSON_MEMBER,
+    DigestAlgorithm,
+    SampleHeader,
+    SampleHeaderError,
+    check_digests,
+    clip_ext,
+    clip_members,
+    headers,
+    hr_frame,
+    load,
+    locate,
+    lr_frame,
+    tario,
+)
 from shardmaker.format import manifest as mf
 from shardmaker.format.manifest import Manifest, ShardInfo
 from shardmaker.format.schema import TILED
@@ -28,38 +41,52 @@ def _expected_members(m: Manifest) -> list[str]:
     return mf.sample_members(m.codec, m.scales)
 
 
-def _check_pair(
-    m: Manifest, key: str, members: dict[str, bytes], hr_size: Sequence[int], max_pixels: int = headers.DEFAULT_MAX_PIXELS
-) -> list[str]:
-    """Deep checks of one sample; returns problems (empty when fine)."""
-    problems = []
+def _header(members: dict[str, bytes], shard: str, key: str) -> SampleHeader | str:
+    """The sample's checked ``{key}.json``, or the problem with it."""
     try:
-        meta: dict[str, Any] = json.loads(members["json"])
-    except (ValueError, RecursionError):
-        return ["json is not valid JSON"]
-    if type(meta) is not dict or type(meta.get("sha256", {})) is not dict:
-        return ["json is not a JSON object with a sha256 object"]
-    for name, digest in meta.get("sha256", {}).items():
-        if name in members and hashlib.sha256(members[name]).hexdigest() != digest:
-            problems.append(f"{name} sha256 does not match {key}.json")
+        return SampleHeader.parse(members.get(JSON_MEMBER, b""), shard, key)
+    except SampleHeaderError as exc:
+        return exc.reason
+
+
+def _digest_problems(header: SampleHeader, members: dict[str, bytes], names: Sequence[str], key: str) -> list[str]:
+    """Each of the members ``names`` that does not match its sha256 in ``{key}.json``."""
+    problems = []
+    for name in names:
+        try:
+            check_digests(header.digests, members, (name,), DigestAlgorithm.SHA256, "", key)
+        except SampleHeaderError as exc:
+            problems.append(exc.reason)
+    return problems
+
+
+def _check_pair(
+    m: Manifest,
+    header: SampleHeader,
+    members: dict[str, bytes],
+    hr_size: Sequence[int],
+    max_pixels: int = headers.DEFAULT_MAX_PIXELS,
+) -> list[str]:
+    """Deep checks of one sample's images (its digests are checked before); returns problems (empty when fine)."""
+    problems = []
     try:  # headers first: a decompression bomb is refused before it is decoded
         hr_head = headers.image_header(members[mf.hr_member(m.codec)], m.codec)
         for s in m.scales:
             name = mf.lr_member(s, m.codec)
             headers.check_pair(hr_head, headers.image_header(members[name], m.codec), s, (hr_size[0], hr_size[1]), max_pixels)
     except headers.HeaderError as exc:
-        return problems + [str(exc)]
+        return [str(exc)]
     try:
         hr = codecs.decode(members[mf.hr_member(m.codec)], m.codec)
     except ImageDataError as exc:
-        return problems + [f"{mf.hr_member(m.codec)}: {exc}"]
+        return [f"{mf.hr_member(m.codec)}: {exc}"]
     h, w = hr.shape[:2]
-    if [w, h] != list(hr_size) or [w, h] != meta.get("hr_size"):
-        problems.append(f"HR is {w}x{h}, manifest says {hr_size}, json says {meta.get('hr_size')}")
+    if [w, h] != list(hr_size) or (w, h) != header.hr_size:
+        problems.append(f"HR is {w}x{h}, manifest says {list(hr_size)}, json says {list(header.hr_size)}")
     depth = 16 if hr.dtype == np.uint16 else 8
     chans = 1 if hr.ndim == 2 else hr.shape[2]
-    if (depth, chans) != (meta.get("bit_depth"), meta.get("channels")):
-        problems.append(f"HR is {depth}-bit x{chans}, json says {meta.get('bit_depth')}-bit x{meta.get('channels')}")
+    if (depth, chans) != (header.bit_depth, header.channels):
+        problems.append(f"HR is {depth}-bit x{chans}, json says {header.bit_depth}-bit x{header.channels}")
     for s in m.scales:
         name = mf.lr_member(s, m.codec)
         try:
@@ -80,28 +107,23 @@ def _names(names: list[str], shown: int = 6) -> str:
     return str(names) if len(names) <= shown else f"{names[:shown]} ... ({len(names)} in all)"
 
 
-MAX_CLIP_FRAMES = 1000  # frames of one clip segment (shardmaker.builder.clips.MAX_SEGMENT)
-
-
-def _check_clip(m: Manifest, key: str, members: dict[str, bytes], hr_size: Sequence[int], deep: bool) -> list[str]:
-    """A clip segment: its json's frame count, every frame's members in the order the build writes
-    them, each frame's kind; ``deep``: each frame checked as an image sample is (digests, headers,
-    decodes, HR = s x LR), one frame in memory at a time."""
-    try:
-        meta = json.loads(members.get("json", b""))
-    except (ValueError, RecursionError):
-        return ["json is not valid JSON"]
-    frames = meta.get("frames") if type(meta) is dict else None
-    if type(frames) is not int or not 1 <= frames <= MAX_CLIP_FRAMES:
-        return [f"json: frames must be an integer in [1, {MAX_CLIP_FRAMES}], got {str(frames)[:40]}"]
-    ext = TILED if f"hr_f0000.{TILED}" in members else m.codec
-    want = ["json"] + [n for t in range(frames) for n in [f"hr_f{t:04d}.{ext}"] + [f"lr_x{s}_f{t:04d}.{ext}" for s in m.scales]]
+def _check_clip(m: Manifest, shard: str, key: str, members: dict[str, bytes], hr_size: Sequence[int], deep: bool) -> list[str]:
+    """A clip segment: its json, every frame's members in the order the build writes them, each
+    frame's kind; ``deep``: every member's digest, and each frame checked as an image sample is
+    (headers, decodes, HR = s x LR), one frame in memory at a time."""
+    header = _header(members, shard, key)
+    if isinstance(header, str):
+        return [header]
+    if header.clip is None:
+        return [f"{key}.json describes no clip segment (clip, frames, ...)"]
+    frames = header.clip.frames
+    ext = clip_ext(members) or m.codec
+    want = clip_members(frames, m.scales, ext)
     if list(members) != want:
         return [f"members {_names(list(members))}, expected {_names(want)} (a clip segment of {frames} frames)"]
-    problems = []
-    digests = {d: meta.get(d) if isinstance(meta.get(d), dict) else {} for d in ("sha256", "xxh3_64")}
+    problems = _digest_problems(header, members, want[1:], key) if deep else []
     for t in range(frames):
-        real = [f"hr_f{t:04d}.{ext}"] + [f"lr_x{s}_f{t:04d}.{ext}" for s in m.scales]
+        real = [hr_frame(t, ext)] + [lr_frame(s, t, ext) for s in m.scales]
         plain = [mf.hr_member(ext)] + [mf.lr_member(s, ext) for s in m.scales]
         kind = _kind_problem(m, members[real[0]], ext)
         if kind is not None:
@@ -109,24 +131,19 @@ def _check_clip(m: Manifest, key: str, members: dict[str, bytes], hr_size: Seque
             continue
         if not deep:
             continue
-        sub_meta = {**meta, **{d: {p: digests[d].get(r) for p, r in zip(plain, real, strict=True)} for d in digests}}
-        sub = {"json": json.dumps(sub_meta).encode(), **{p: members[r] for p, r in zip(plain, real, strict=True)}}
-        check = _check_tiled if ext == TILED else _check_pair
-        for p in check(m, key, sub, hr_size):
+        sub = {p: members[r] for p, r in zip(plain, real, strict=True)}
+        for p in _check_tiled(m, sub, hr_size) if ext == TILED else _check_pair(m, header, sub, hr_size):
             for a, b in zip(plain, real, strict=True):
                 p = p.replace(a, b)
             problems.append(f"frame {t}: {p}")
     return problems
 
 
-def _check_tiled(m: Manifest, key: str, members: dict[str, bytes], hr_size: Sequence[int]) -> list[str]:
-    """Deep checks of a sample stored as tiles: each member's layout, every tile's digest, header
-    and decode, HR the manifest's size, every LR on the HR grid at its scale."""
+def _check_tiled(m: Manifest, members: dict[str, bytes], hr_size: Sequence[int]) -> list[str]:
+    """Deep checks of a sample stored as tiles (its digests are checked before): each member's
+    layout, every tile's digest, header and decode, HR the manifest's size, every LR on the HR grid
+    at its scale."""
     problems = []
-    meta = json.loads(members["json"])
-    for name, digest in (meta.get("sha256") or {}).items():
-        if name in members and hashlib.sha256(members[name]).hexdigest() != digest:
-            problems.append(f"{name} sha256 does not match {key}.json")
     heads = {}
     for name in [mf.hr_member(TILED)] + [mf.lr_member(s, TILED) for s in m.scales]:
         try:
@@ -174,6 +191,25 @@ def _kind_problem(m: Manifest, data: bytes, member: str) -> str | None:
     return None
 
 
+def _check_image(m: Manifest, shard: str, key: str, members: dict[str, bytes], hr_size: Sequence[int], deep: bool) -> list[str]:
+    """An image sample (whole or tiled): its members, its HR's kind; ``deep``: its json, every
+    member's digest, headers, decodes and HR = s x LR."""
+    tiled = list(members) == mf.sample_members(TILED, m.scales)  # an image stored as tiles
+    want = _expected_members(m)
+    if list(members) != want and not tiled:
+        return [f"members {_names(list(members))}, expected {_names(want)}"]
+    ext = TILED if tiled else m.codec
+    kind = _kind_problem(m, members[mf.hr_member(ext)], ext)
+    problems = [] if kind is None else [kind]
+    if not deep:
+        return problems
+    header = _header(members, shard, key)
+    if isinstance(header, str):
+        return problems + [header]
+    problems += _digest_problems(header, members, want[1:] if not tiled else list(members)[1:], key)
+    return problems + (_check_tiled(m, members, hr_size) if tiled else _check_pair(m, header, members, hr_size))
+
+
 def verify_shard(m: Manifest, info: ShardInfo, data: bytes, deep: bool) -> list[str]:
     """Problems found in one shard's bytes, each naming the shard (and key where there is one)."""
     where = info.name
@@ -185,8 +221,7 @@ def verify_shard(m: Manifest, info: ShardInfo, data: bytes, deep: bool) -> list[
         problems.append(f"{where}: sha256 does not match the manifest")
     if m.members is not None:
         return problems + _verify_indexed(m, info, data, deep)
-    want = _expected_members(m)
-    clips = isinstance(m.build.get("clips"), dict)  # shardmaker build --clips: a sample is a segment of frames
+    clips = isinstance(m.build.get("clips"), dict)
     seen = 0
     try:
         for i, (key, offset, members) in enumerate(tario.iter_samples(io.BytesIO(data), limit=len(data))):
@@ -198,20 +233,8 @@ def verify_shard(m: Manifest, info: ShardInfo, data: bytes, deep: bool) -> list[
                 problems.append(f"{where}: sample {i} is {key!r}, manifest says {info.keys[i]!r}")
             if offset != info.offsets[i]:
                 problems.append(f"{where} key {key!r}: starts at byte {offset}, manifest says {info.offsets[i]}")
-            if clips:
-                problems += [f"{where} key {key!r}: {p}" for p in _check_clip(m, key, members, info.hr_sizes[i], deep)]
-                continue
-            tiled = list(members) == mf.sample_members(TILED, m.scales)  # an image stored as tiles
-            if list(members) != want and not tiled:
-                problems.append(f"{where} key {key!r}: members {_names(list(members))}, expected {_names(want)}")
-                continue
-            ext = TILED if tiled else m.codec
-            kind = _kind_problem(m, members[mf.hr_member(ext)], ext)
-            if kind is not None:
-                problems.append(f"{where} key {key!r}: {kind}")
-            if deep:
-                check = _check_tiled if tiled else _check_pair
-                problems += [f"{where} key {key!r}: {p}" for p in check(m, key, members, info.hr_sizes[i])]
+            check = _check_clip if clips else _check_image  # shardmaker build --clips: a sample is a segment of frames
+            problems += [f"{where} key {key!r}: {p}" for p in check(m, where, key, members, info.hr_sizes[i], deep)]
     except tario.TarFormatError as exc:
         problems.append(f"{where}: {exc}")
     if seen < info.samples:
@@ -269,8 +292,8 @@ def _check_indexed_pair(m: Manifest, members: dict[str, bytes], hr_size: Sequenc
 
 def verify(url: str, deep: bool = False, progress: bool = True, storage_options: dict[str, Any] | None = None) -> list[str]:
     """Every problem found in the shard set at ``url`` (empty list: all good)."""
-    url, name = mf.locate(url)
-    m = mf.load(url, storage_options, name=name)
+    url, name = locate(url)
+    m = load(url, storage_options, name=name)
     fs, root = storage.open_dir(url, storage_options)
     problems = []
     with tqdm(total=m.bytes, unit="B", unit_scale=True, desc="verify", disable=not progress) as bar:
@@ -332,8 +355,8 @@ def _tiles_rows(m: mf.Manifest) -> list[tuple[str, str]]:
 
 def info_text(url: str, storage_options: dict[str, Any] | None = None) -> str:
     """A short human-readable summary of a shard set."""
-    url, name = mf.locate(url)
-    m = mf.load(url, storage_options, name=name)
+    url, name = locate(url)
+    m = load(url, storage_options, name=name)
     sizes = [tuple(s) for sh in m.shards for s in sh.hr_sizes]
     pixels = [w * h for w, h in sizes]
     lo, hi = sizes[int(np.argmin(pixels))], sizes[int(np.argmax(pixels))]

@@ -10,7 +10,7 @@ import numpy as np
 from fsspec.implementations.memory import MemoryFileSystem
 from PIL import Image
 
-from shardmaker.format.manifest import load as load_manifest
+from shardmaker.format import load as load_manifest
 from tests.helpers import photos, save, sm
 
 

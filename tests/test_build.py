@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from shardmaker.format import tario
-from shardmaker.format.manifest import load as load_manifest
+from shardmaker.format import load as load_manifest
 from shardmaker.imaging import codecs
 from tests.helpers import load_rgb, needs_refdata, photos, save, shard_hashes, sm
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from shardmaker import format as fmt
-from shardmaker.builder.clips import ClipOptions, frame_member, natural_key, plan_segments
+from shardmaker.builder.clips import ClipOptions, natural_key, plan_segments
+from shardmaker.format import frame_member
 from shardmaker.imaging import codecs
 from shardmaker.imaging.resize import downscale
 from tests.helpers import build_shards, mosaic, save, sm
@@ -201,4 +202,4 @@ def test_verify_checks_clip_segments_frame_by_frame(capsys, tmp_path, scene):
 
     rewrite(whole, 0, flip)
     problems = verify(str(whole), deep=True, progress=False)
-    assert problems and all(key in p for p in problems) and "frame 1: lr_x2_f0001.png sha256 does not match" in problems[0], problems
+    assert problems and all(key in p for p in problems) and "lr_x2_f0001.png does not match its sha256" in problems[0], problems

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import wdsr
-from shardmaker.format import manifest as mf
+from shardmaker import format as mf
 from tests.helpers import ROOT, build_shards, run_epochs, same_batches, torchrun, wait_until
 from wdsr.store import decoded
 from wdsr.tools.cli import main as wdsr_main

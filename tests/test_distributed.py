@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shardmaker.format.manifest import load
+from shardmaker.format import load
 from tests.helpers import torchrun
 
 pytestmark = pytest.mark.slow

@@ -24,6 +24,7 @@ import wdsr
 from shardmaker.cli import main as sm_main
 from shardmaker.format import ManifestError, TarFormatError, iter_members, parse, tario
 from shardmaker.format import manifest as mf
+from shardmaker.format.loading import load
 from shardmaker.verify import verify
 from tests.helpers import ROOT, build_shards, photos, save
 from tests.s3server import ACCESS_KEY, SECRET_KEY
@@ -175,7 +176,7 @@ def test_cache_touches_only_its_own_files_and_trusts_only_checked_fills(s3, tmp_
     for p, data in mine.items():
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
-    m = mf.load(url)
+    m = load(url)
     # a file planted at the very name the cache would use, of the right size, is not a hit
     planted = cache / "wdsr-shard-cache" / f"{m.shards[0].sha256[:16]}-{m.shards[0].name}"
     planted.parent.mkdir(parents=True)
@@ -424,7 +425,7 @@ def test_a_failed_overwrite_leaves_the_old_dataset_intact(tmp_path, capsys):
     # the same overwrite with good sources replaces it, and leaves no staging behind
     (bad / "p4.png").write_bytes(png)
     assert sm_main(["-q", "build", str(bad), str(old), "--scale", "2", "--workers", "1", "--overwrite"]) == 0
-    assert mf.load(str(old)).scales == [2] and mf.load(str(old)).samples == 5
+    assert load(str(old)).scales == [2] and load(str(old)).samples == 5
     assert verify(str(old), progress=False) == [] and not (old / "_staging").exists()
 
 
@@ -519,14 +520,14 @@ def test_fifos_odd_names_sizes_and_disguised_files(tmp_path, capsys):
     src = small_src(tmp_path / "src")
     os.mkfifo(src / "x.png")
     assert sm_main(["-q", "build", str(src), str(tmp_path / "a"), "--workers", "1"]) == 0  # no hang on the FIFO
-    assert mf.load(str(tmp_path / "a")).samples == 4
+    assert load(str(tmp_path / "a")).samples == 4
     bad = os.fsencode(src) + b"/caf\xe9.png"
     with open(bad, "wb") as f:
         f.write((src / "p0.png").read_bytes())
     assert sm_main(["-q", "build", str(src), str(tmp_path / "b"), "--workers", "1"]) == 2
     assert "not valid UTF-8" in capsys.readouterr().err
     assert sm_main(["-q", "build", str(src), str(tmp_path / "b"), "--workers", "1", "--on-error", "skip"]) == 0
-    assert mf.load(str(tmp_path / "b")).samples == 4
+    assert load(str(tmp_path / "b")).samples == 4
     os.unlink(bad)
     assert sm_main(["-q", "build", str(src), str(tmp_path / "c"), "--shard-size", "1e999"]) == 2
     err = capsys.readouterr().err.strip()

@@ -23,7 +23,7 @@ import pytest
 import xxhash
 
 import wdsr
-from shardmaker.format import manifest as mf
+from shardmaker import format as mf
 from tests.helpers import ROOT, run_epochs, same_batches, save
 from wdsr.store import decoded
 from wdsr.tools.cli import main as wdsr_main

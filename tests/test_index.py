@@ -17,7 +17,7 @@ from PIL import Image
 
 import wdsr
 from shardmaker.cli import main as sm_main
-from shardmaker.format import manifest as mf
+from shardmaker import format as mf
 from shardmaker.imaging.resize import ResizeMethod, downscale
 from shardmaker.verify import info_text, verify
 from tests.helpers import S3_BUCKET, load_rgb, photos

@@ -97,7 +97,7 @@ def test_cat_checks_the_bytes_before_writing(capsys, photo_shards, tmp_path):
     rewrite(ds, 0, flip_a_pixel)  # manifest consistent again; the sample's own sha256 now disagrees
     rc, _, err = sm(capsys, "cat", ds, key, "-o", tmp_path / "out")
     assert rc == 2 and len(err.splitlines()) == 1
-    assert "lr_x4.png does not match the sha256" in err and repr(key) in err
+    assert "lr_x4.png does not match its sha256" in err and repr(key) in err
     assert not (tmp_path / "out").exists()
 
     shard = _manifest(ds)["shards"][0]

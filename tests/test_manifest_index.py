@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from shardmaker import storage
 from shardmaker.format import colindex, colread
 from shardmaker.format import manifest as mf
+from shardmaker.format.loading import load
 from tests.helpers import S3_BUCKET, run_epochs, same_batches, sm
 
 IDX = "manifest.json.idx"
@@ -91,7 +92,7 @@ def _same(a: mf.Manifest, b: mf.Manifest) -> None:
 @pytest.mark.parametrize("members", [False, True])
 def test_the_index_gives_what_the_json_gives(tmp_path, members):
     ds = _write(tmp_path, _manifest(members=members))
-    m = mf.load(str(ds), compact=True)
+    m = load(str(ds), compact=True)
     assert isinstance(m.shards, colread.ShardTable)  # read from the index, not the JSON
     raw = (ds / "manifest.json").read_bytes()
     _same(m, mf.parse(raw, "json", compact=True))
@@ -100,19 +101,19 @@ def test_the_index_gives_what_the_json_gives(tmp_path, members):
     with pytest.raises(IndexError):
         m.shards[len(m.shards)]
     # lists, for the callers that edit or verify a manifest, still come from the JSON
-    assert isinstance(mf.load(str(ds)).shards, list)
+    assert isinstance(load(str(ds)).shards, list)
 
 
 def test_every_writer_writes_it(capsys, tmp_path, hr_tree):
     out = tmp_path / "ds"
     assert sm(capsys, "build", hr_tree, out, "--scale", "2", "--max-samples", "2")[0] == 0
-    assert isinstance(mf.load(str(out), compact=True).shards, colread.ShardTable)
+    assert isinstance(load(str(out), compact=True).shards, colread.ShardTable)
     parts = tmp_path / "parts"
     for i in range(2):
         assert sm(capsys, "build", hr_tree, parts, "--scale", "2", "--part", f"{i}/2")[0] == 0
     assert not list(parts.glob("*.idx"))  # part manifests are read whole by merge: no index
     assert sm(capsys, "merge", parts)[0] == 0
-    m = mf.load(str(parts), compact=True)
+    m = load(str(parts), compact=True)
     assert isinstance(m.shards, colread.ShardTable) and m.samples == 6
     _same(m, mf.parse((parts / "manifest.json").read_bytes(), "json", compact=True))
 
@@ -125,7 +126,7 @@ def test_shardmaker_index_writes_it(capsys, tmp_path, photo_shards):
     shards = str(folder / "shard-{000000..000003}.tar")
     rc, _, err = sm(capsys, "index", shards, "--hr", "hr.png", "--lr", "2:lr_x2.png", "--lr", "4:lr_x4.png")
     assert rc == 0, err
-    m = mf.load(str(folder), compact=True)
+    m = load(str(folder), compact=True)
     assert isinstance(m.shards, colread.ShardTable) and m.members is not None and m.samples == 10
     _same(m, mf.parse((folder / "manifest.json").read_bytes(), "json", compact=True))
 
@@ -135,18 +136,18 @@ def test_a_stale_index_is_never_used(tmp_path, caplog):
     # another manifest written by a tool that writes no index: another size
     other = _manifest(shards=4)
     storage.write_atomic(fsspec.filesystem("file"), str(ds / "manifest.json"), other.dumps())
-    m = mf.load(str(ds), compact=True)
+    m = load(str(ds), compact=True)
     assert not isinstance(m.shards, colread.ShardTable) and m.samples == other.samples
     assert "made from another" in caplog.text
     # the same size, one digit changed in the first MiB (a shard's sha256): the probe tells them apart
     raw = (ds / "manifest.json").read_bytes()
     (ds / IDX).write_bytes(colindex.encode(other, raw))
-    assert isinstance(mf.load(str(ds), compact=True).shards, colread.ShardTable)
+    assert isinstance(load(str(ds), compact=True).shards, colread.ShardTable)
     sha = other.shards[0].sha256
     edited = raw.replace(sha.encode(), (("1" if sha[0] != "1" else "2") + sha[1:]).encode())
     assert len(edited) == len(raw) and edited != raw
     (ds / "manifest.json").write_bytes(edited)
-    m = mf.load(str(ds), compact=True)
+    m = load(str(ds), compact=True)
     assert not isinstance(m.shards, colread.ShardTable) and m.shards[0].sha256 != sha
 
 
@@ -199,7 +200,7 @@ def test_a_hostile_index_is_refused_naming_the_field(tmp_path, case):
     edit, field = HOSTILE[case]
     ds = _tampered(tmp_path, edit)
     with pytest.raises(mf.ManifestError) as e:
-        mf.load(str(ds), compact=True)
+        load(str(ds), compact=True)
     assert field in str(e.value) and IDX in str(e.value), str(e.value)
 
 
@@ -207,10 +208,10 @@ def test_a_foreign_member_outside_its_shard_is_refused(tmp_path):
     m = _manifest(members=True)
     ds = _tampered(tmp_path, _set("m1.bytes", 0, 1 << 20), m)
     with pytest.raises(mf.ManifestError, match=r"members\.x4\.jpg\[0\].*inside the shard"):
-        mf.load(str(ds), compact=True)
+        load(str(ds), compact=True)
     ds = _tampered(tmp_path / "b", _set("m0.offsets", 1, 512 + 2048 + 512), m)
     with pytest.raises(mf.ManifestError, match=r"offset must be that of its first member"):
-        mf.load(str(ds), compact=True)
+        load(str(ds), compact=True)
 
 
 @pytest.mark.parametrize(
@@ -229,7 +230,7 @@ def test_a_damaged_index_file_is_refused(tmp_path, damage, reason):
     raw = (ds / IDX).read_bytes()
     (ds / IDX).write_bytes(damage(raw))
     with pytest.raises(mf.ManifestError, match=reason):
-        mf.load(str(ds), compact=True)
+        load(str(ds), compact=True)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -244,7 +245,7 @@ def test_a_fuzzed_index_ends_in_a_manifest_or_a_manifest_error(tmp_path_factory,
         raw[at % len(raw)] ^= x
     (ds / IDX).write_bytes(bytes(raw[: len(raw) - cut % 97]))
     try:
-        m = mf.load(str(ds), compact=True)
+        m = load(str(ds), compact=True)
         for sh in m.shards:
             list(sh.keys), [int(o) for o in sh.offsets], [sh.tiled(i) for i in range(sh.samples)]
             assert all(0 <= int(o) < sh.bytes for o in sh.offsets)
@@ -257,7 +258,7 @@ def test_a_bad_key_is_refused_when_it_is_read(tmp_path):
         keys = bytes(cols["keys"])
         cols["keys"] = np.frombuffer(keys.replace(b"a/3/k2", b"a\\3/k2"), np.uint8)
 
-    m = mf.load(str(_tampered(tmp_path, backslash)), compact=True)
+    m = load(str(_tampered(tmp_path, backslash)), compact=True)
     sh = m.shards[3]
     assert sh.keys[1] == "a/3/k1"
     with pytest.raises(mf.ManifestError, match=r"shards\[3\] \(shard-000003.tar\)\.keys\[2\].*backslash"):
@@ -287,7 +288,7 @@ class _Keys(torch.utils.data.Dataset):
 def test_workers_map_the_index_not_a_copy(tmp_path, context):
     big = _manifest(shards=40)
     ds = _write(tmp_path, big)
-    m = mf.load(str(ds), compact=True)
+    m = load(str(ds), compact=True)
     # a spawned worker gets where the index is, not its columns
     assert len(pickle.dumps(m.shards)) < 1000 < len(pickle.dumps(mf.parse(big.dumps(), "x", compact=True).shards))
     _same(pickle.loads(pickle.dumps(m)), m)
@@ -299,7 +300,7 @@ def test_workers_map_the_index_not_a_copy(tmp_path, context):
 
 def test_a_worker_refuses_an_index_replaced_since_the_open(tmp_path):
     ds = _write(tmp_path, _manifest())
-    m = mf.load(str(ds), compact=True)
+    m = load(str(ds), compact=True)
     _write(tmp_path, _manifest(shards=3))
     with pytest.raises(mf.ManifestError, match="changed since the dataset was opened"):
         pickle.loads(pickle.dumps(m.shards))
@@ -310,7 +311,7 @@ def test_batches_are_the_same_with_and_without_the_index(tmp_path, photo_shards)
     shutil.copytree(photo_shards, with_idx)
     shutil.copytree(photo_shards, without)
     (without / IDX).unlink()
-    assert isinstance(mf.load(str(with_idx), compact=True).shards, colread.ShardTable)
+    assert isinstance(load(str(with_idx), compact=True).shards, colread.ShardTable)
     a, _ = run_epochs(str(with_idx), epochs=1, workers=2)
     b, _ = run_epochs(str(without), epochs=1, workers=2)
     assert a and same_batches(a, b)
@@ -322,7 +323,7 @@ def test_an_index_on_s3_is_fetched_and_used(s3, tmp_path):
     fs.makedirs(root, exist_ok=True)
     big = _manifest(members=True)
     colindex.write_manifest(fs, storage.join(root, "manifest.json"), big)
-    m = mf.load(url, compact=True)
+    m = load(url, compact=True)
     assert isinstance(m.shards, colread.ShardTable)
     _same(m, mf.parse(big.dumps(), "json", compact=True))
     _same(pickle.loads(pickle.dumps(m)), m)  # a spawned worker fetches it again

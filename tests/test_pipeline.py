@@ -157,7 +157,7 @@ def test_min_patch_std_rejects_flat_patches(tmp_path):
 
 
 def test_val_every_image_once_in_order_whole_and_tiled(photo_shards):
-    from shardmaker.format.manifest import load
+    from shardmaker.format import load
 
     order = [k for s in load(str(photo_shards)).shards for k in s.keys]
     seen = []

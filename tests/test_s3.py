@@ -18,7 +18,7 @@ import s3fs
 
 import wdsr
 from shardmaker.cli import main as shardmaker_main
-from shardmaker.format.manifest import load
+from shardmaker.format import load
 from tests.faultproxy import FaultProxy
 from tests.helpers import S3_BUCKET, FakeClock, build_shards, photos, save, torchrun, wait_until
 from tests.s3server import ACCESS_KEY, REGION, SECRET_KEY, S3Server, free_port, s3fs_for

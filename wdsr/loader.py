@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from shardmaker import compat
+from shardmaker import format as fmt
 from wdsr import env, state
 from wdsr.dataset import Split, SRDataset
 from wdsr.errors import SampleError
@@ -250,10 +250,9 @@ def sample_meta(ds: SRDataset) -> dict[str, Any]:
         try:
             raw = next(ds.reader.span(Span(i, 0, 1), frozenset({"json"}), fill_cache=False), None)
             if raw is not None and "json" in raw.members:
-                meta = json.loads(bytes(raw.members["json"]))
-                if isinstance(meta, dict) and meta.get("channels") in (1, 3) and meta.get("bit_depth") in (8, 16):
-                    return {"channels": meta["channels"], "bit_depth": meta["bit_depth"]}
-        except (SampleError, ValueError, RecursionError):
+                header = fmt.SampleHeader.parse(raw.members["json"], raw.shard, raw.key)
+                return {"channels": header.channels, "bit_depth": header.bit_depth}
+        except (SampleError, ValueError):  # fmt.SampleHeaderError is a ValueError
             continue  # a broken shard or sample: the workers will report it
         finally:
             ds.stats.add(0, **ds.reader.take_counts())  # retries made here count too

@@ -25,7 +25,6 @@ begins the epoch again (no exact resume).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -80,12 +79,14 @@ def decode_pair(
         names = (_member(sample, hr, "hr."), _member(sample, lr, f"lr_x{scale}."))
         hr_head, _ = check_headers(url, key, sample, names, scale, max_pixels, kind=kind)
         if verify and isinstance(sample.get("json"), (bytes, bytearray)):
-            try:
-                meta = json.loads(sample["json"])
-            except (ValueError, RecursionError):
-                meta = None  # another tool's json: nothing of ours to check
-            if isinstance(meta, dict) and ("xxh3_64" in meta or "sha256" in meta):  # our shards' {key}.json
-                check_digests(url, key, sample, meta, names, Verify.XXH3)
+            try:  # our shards' {key}.json: checked as SRDataset checks it, then the members against it
+                header = fmt.SampleHeader.parse(sample["json"], url, key)
+            except fmt.SampleHeaderError as exc:
+                if not exc.foreign:
+                    raise SampleError(url, key, exc.reason) from None
+                header = None  # another tool's json: nothing of ours to check
+            if header is not None:
+                check_digests(url, key, sample, header.digests, names, Verify.XXH3)
         hr_img, lr_img = decode_members(url, key, sample, *names, scale, max_pixels)
         kind.fix(key, hr_head)
         return DecodedPair(url, key, 0, hr_img, lr_img, 0, 0)

@@ -6,7 +6,7 @@ import dataclasses
 import re
 
 from shardmaker import compat
-from shardmaker.builder.clips import ClipOptions
+from shardmaker.builder.clipplan import ClipOptions
 from shardmaker.builder.sample import SampleConfig
 from shardmaker.builder.sources import Skipped, lr_name_pattern
 from shardmaker.errors import OnError

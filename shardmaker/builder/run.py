@@ -45,7 +45,7 @@ from shardmaker.builder.sample import EncodedSample, LrMethod, encode_or_skip
 from shardmaker.builder.sources import Pair, Skipped, scan_sources, split_regions
 from shardmaker.builder.writer import ShardWriter
 from shardmaker.errors import BuildError, InputError, OnError, brief
-from shardmaker.format import tario
+from shardmaker.format import SampleHeader, tario
 from shardmaker.format.colindex import write_manifest
 from shardmaker.format.manifest import (
     FORMAT,
@@ -182,11 +182,11 @@ def _log_skips(skipped: list[Skipped]) -> None:
     skips.summarise()
 
 
-def _kind_of(tar_bytes: bytes) -> tuple[int, int]:
+def _kind_of(tar_bytes: bytes, where: str) -> tuple[int, int]:
     """``(channels, bit_depth)`` of an encoded sample, from its ``{key}.json`` (its first member)."""
     first = next(tario.iter_entries(io.BytesIO(tar_bytes), limit=len(tar_bytes)))
-    meta = json.loads(first.data)
-    return int(meta["channels"]), int(meta["bit_depth"])
+    header = SampleHeader.parse(first.data, where, tario.split_name(first.name)[0])
+    return header.channels, header.bit_depth
 
 
 def _kept_kind(out: Output, shards: list[ShardInfo]) -> tuple[int, int] | None:
@@ -195,7 +195,7 @@ def _kept_kind(out: Output, shards: list[ShardInfo]) -> tuple[int, int] | None:
         return None
     with out.fs.open(out.path(shards[0].name), "rb") as f:
         data = f.read(min(shards[0].bytes, 1 << 16))
-    return _kind_of(data + tario.END_OF_ARCHIVE)
+    return _kind_of(data + tario.END_OF_ARCHIVE, shards[0].name)
 
 
 def _of_kind(
@@ -203,7 +203,7 @@ def _of_kind(
 ) -> tuple[tuple[int, int], EncodedSample | Skipped]:
     """``(the dataset's kind, item)`` where ``item`` is of that kind (the first sample's, when ``kind`` is
     None); else a ``Skipped`` in its place (``skip``) or an ``InputError``."""
-    got = _kind_of(item.tar_bytes)
+    got = _kind_of(item.tar_bytes, path)
     kind = kind or got
     if got == kind:
         return kind, item

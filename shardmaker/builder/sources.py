@@ -16,20 +16,18 @@ import posixpath
 import re
 import string
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import fsspec
 from fsspec.core import url_to_fs
 
 from shardmaker import storage
+from shardmaker.builder.clipplan import ClipPart
 from shardmaker.builder.regions import Region, plan_regions
 from shardmaker.errors import InputError, OnError
 from shardmaker.format import patterns
 from shardmaker.imaging import codecs
 from shardmaker.imaging.regions import TiffRegions, is_tiff
-
-if TYPE_CHECKING:
-    from shardmaker.builder.clips import ClipPart
 
 log = logging.getLogger(__name__)
 _XSUFFIX = re.compile(r"^(.*?)x(\d+)$")

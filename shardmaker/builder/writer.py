@@ -8,7 +8,7 @@ import hashlib
 import fsspec
 
 from shardmaker import storage
-from shardmaker.builder.sample import EncodedSample
+from shardmaker.builder.pack import EncodedSample
 from shardmaker.errors import BuildError
 from shardmaker.format import tario
 from shardmaker.format.manifest import PROBE_BYTES, ShardInfo, probe_of

@@ -6,6 +6,13 @@ Everything read from a dataset passes through here and trusts nothing it reads:
   that are one file name, unique keys, 64-hex sha256, offsets and sizes consistent); a shard's
   location is always ``dataset + "/" + name`` (:func:`shard_path`). Failures are
   :class:`ManifestError` (where, field, reason).
+* :mod:`.loading` -- :func:`load` a dataset's manifest, from ``manifest.json`` or memory-mapped from
+  its column index (:mod:`.colread`); :func:`locate` splits a manifest URL into folder and name.
+* :mod:`.header` -- the per-sample header ``{key}.json`` (:class:`SampleHeader`): its one parser
+  (:meth:`SampleHeader.parse`, every field typed and bounded), its one encoder (:meth:`SampleHeader.encode`,
+  the bytes the build writes); :mod:`.digests`: the one digest check (:func:`check_digests`); failures are
+  :class:`SampleHeaderError` (shard, key, reason). Member names (``hr.png``, ``lr_x4.png``, a clip's
+  ``hr_f0003.png``) and the clip limits live in :mod:`.schema`.
 * :mod:`.tario` -- tar members parsed with every size bounded by the bytes left, so parsing always
   moves forward; bad headers, sizes, checksums or names are :class:`TarFormatError`.
 * :mod:`.headers` -- PNG/QOI headers checked against the manifest's HR size, the scale, channels,
@@ -20,17 +27,27 @@ Readers turn these into ``wdsr.SampleError`` (shard, key, reason); messages neve
 """
 
 from shardmaker.format import tiles
+from shardmaker.format.digests import DigestAlgorithm, Digests, SampleHeaderError, check_digests
+from shardmaker.format.header import ClipSpan, SampleHeader, parse_digests
 from shardmaker.format.headers import DEFAULT_MAX_PIXELS, HeaderError, ImageHeader, check_pair, image_header
-from shardmaker.format.manifest import Manifest, ShardInfo, kind_text, load, locate, parse
+from shardmaker.format.loading import load, locate
+from shardmaker.format.manifest import Manifest, ShardInfo, kind_text, parse
 from shardmaker.format.patterns import MAX_NAMES, PatternError, count_braces, expand_braces
 from shardmaker.format.schema import (
     FORMAT,
     JSON_MEMBER,
     MANIFEST,
+    MAX_CLIP_FRAMES,
+    MAX_SEGMENT,
     TILED,
     ManifestError,
     check_shard_name,
+    clip_ext,
+    clip_members,
+    frame_member,
+    hr_frame,
     hr_member,
+    lr_frame,
     lr_member,
     pair_fits,
     probe_file,
@@ -40,26 +57,38 @@ from shardmaker.format.tario import MemberAt, TarFormatError, iter_entries, iter
 from shardmaker.format.tiles import TiledHeader, TileFormatError
 
 __all__ = [
+    "ClipSpan",
     "DEFAULT_MAX_PIXELS",
+    "DigestAlgorithm",
+    "Digests",
     "FORMAT",
     "HeaderError",
     "ImageHeader",
     "JSON_MEMBER",
     "MANIFEST",
-    "MemberAt",
+    "MAX_CLIP_FRAMES",
     "MAX_NAMES",
+    "MAX_SEGMENT",
     "Manifest",
     "ManifestError",
+    "MemberAt",
     "PatternError",
+    "SampleHeader",
+    "SampleHeaderError",
     "ShardInfo",
     "TILED",
     "TarFormatError",
     "TileFormatError",
     "TiledHeader",
+    "check_digests",
     "check_pair",
     "check_shard_name",
+    "clip_ext",
+    "clip_members",
     "count_braces",
     "expand_braces",
+    "frame_member",
+    "hr_frame",
     "hr_member",
     "image_header",
     "iter_entries",
@@ -68,9 +97,11 @@ __all__ = [
     "kind_text",
     "load",
     "locate",
+    "lr_frame",
     "lr_member",
     "pair_fits",
     "parse",
+    "parse_digests",
     "probe_file",
     "shard_path",
     "split_name",

@@ -84,6 +84,39 @@ def sample_members(codec: str, scales: list[int] | tuple[int, ...]) -> list[str]
     return [JSON_MEMBER, hr_member(codec)] + [lr_member(s, codec) for s in sorted(scales)]
 
 
+# ---- clip samples (``shardmaker build --clips``): a segment of frames, per-frame members --------
+MAX_SEGMENT = 1000  # frames per clip sample: frame member names hold 4 digits, and a sample stays a few GB at most
+MAX_CLIP_FRAMES = 1 << 22  # frames of one clip (a video listing more is refused before anything is decoded)
+CLIP_EXTS = ("png", "qoi", TILED)  # the extensions a clip sample's frame members may have
+FRAME_MEMBER = re.compile(r"^(hr|lr_x(\d{1,2}))_f(\d{4})\.([a-z]{3,5})$")  # hr_f0003.png, lr_x4_f0003.png
+
+
+def frame_member(side: str, t: int, ext: str) -> str:
+    """A clip sample's member suffix for frame ``t`` of the segment: ``hr_f0003.png``, ``lr_x4_f0003.png``
+    (``side`` is ``hr`` or ``lr_x{s}``)."""
+    return f"{side}_f{t:04d}.{ext}"
+
+
+def hr_frame(t: int, ext: str) -> str:
+    """Frame ``t``'s HR member suffix (``hr_f0003.png``)."""
+    return frame_member("hr", t, ext)
+
+
+def lr_frame(scale: int, t: int, ext: str) -> str:
+    """Frame ``t``'s x``scale`` LR member suffix (``lr_x4_f0003.png``)."""
+    return frame_member(f"lr_x{scale}", t, ext)
+
+
+def clip_members(frames: int, scales: list[int] | tuple[int, ...], ext: str) -> list[str]:
+    """Every member suffix of a clip sample of ``frames`` frames, in the order the format writes them."""
+    return [JSON_MEMBER] + [n for t in range(frames) for n in [hr_frame(t, ext)] + [lr_frame(s, t, ext) for s in sorted(scales)]]
+
+
+def clip_ext(members: Any) -> str | None:
+    """The extension of a clip sample's frame members (from its frame 0), or None: not a clip sample."""
+    return next((e for e in CLIP_EXTS if hr_frame(0, e) in members), None)
+
+
 def probe_of(head: bytes | bytearray, tail: bytes | bytearray) -> str:
     """The shard's probe: sha256 of its first and last MiB. It tells one build's shard from another's
     for ~1 ms per shard, where the full sha256 (``verify``) reads it all."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,22 +28,26 @@ class Verify(str, enum.Enum):
     SHA256 = "sha256"  # ~2 GB/s: also catches deliberate tampering
 
 
-def check_digests(shard: str, key: str, members: Mapping[str, Any], meta: dict, names: tuple[str, ...], verify: Verify) -> None:
-    """The members ``names`` against their digests in ``{key}.json`` (``meta``)."""
+def check_digests(
+    shard: str,
+    key: str,
+    members: Mapping[str, Any],
+    meta: Mapping[str, Any] | fmt.Digests,
+    names: tuple[str, ...],
+    verify: Verify,
+) -> None:
+    """The members ``names`` against their digests in ``{key}.json`` (``meta``: its JSON object, or its
+    digests): ``shardmaker.format.check_digests``, its failures as a SampleError."""
     if verify is Verify.NONE:
         return
-    digests = meta.get(verify.value)
-    if digests is not None and type(digests) is not dict:
-        raise SampleError(shard, key, f"{key}.json: {verify.value} is not an object of digests")
-    if digests is None:
-        if verify is Verify.XXH3 and "sha256" in meta:  # shards from builds that did not record xxh3_64
-            return check_digests(shard, key, members, meta, names, Verify.SHA256)
-        raise SampleError(shard, key, f"{key}.json has no {verify.value} digests to check")
-    for name in names:
-        data = members[name]
-        got = xxhash.xxh3_64_hexdigest(data) if verify is Verify.XXH3 else hashlib.sha256(data).hexdigest()
-        if got != digests.get(name):
-            raise SampleError(shard, key, f"{name} does not match its {verify.value} in {key}.json (corrupt shard)")
+    try:
+        if not isinstance(meta, fmt.Digests):
+            meta = fmt.Digests(meta.get("sha256"), meta.get("xxh3_64"))  # type: ignore[arg-type]
+        fmt.check_digests(meta, members, names, verify.value, shard, key)
+    except fmt.SampleHeaderError as exc:
+        raise SampleError(shard, key, exc.reason) from None
+    except ValueError as exc:
+        raise SampleError(shard, key, f"{key}.json: {exc}") from None
 
 
 @dataclasses.dataclass

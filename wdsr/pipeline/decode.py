@@ -11,7 +11,6 @@ another kind ever reaches a decoder.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from shardmaker import format as fmt
@@ -63,6 +62,16 @@ def decode_pair(
     return decode_sample(raw, spec)
 
 
+def _sample_json(raw: RawSample) -> dict[str, Any]:
+    """``{key}.json``, checked (``shardmaker.format.SampleHeader.parse``), as the JSON object the kinds read."""
+    if "json" not in raw.members:
+        raise SampleError(raw.shard, raw.key, "no json member")
+    try:
+        return fmt.SampleHeader.parse(raw.members["json"], raw.shard, raw.key).to_json()
+    except fmt.SampleHeaderError as exc:
+        raise SampleError(raw.shard, raw.key, exc.reason) from None
+
+
 def decode_sample(raw: RawSample, spec: DecodeSpec) -> Pair:
     """The sample decoded by its kind (the first in ``kinds.SAMPLE_KINDS`` that claims it): with its
     stored LR, or its HR alone made into a pair by the LR source ``spec.lr``."""
@@ -70,16 +79,7 @@ def decode_sample(raw: RawSample, spec: DecodeSpec) -> Pair:
     def fail(reason: str) -> SampleError:
         return SampleError(raw.shard, raw.key, reason)
 
-    meta: dict[str, Any] = {}
-    if raw.digests is None:
-        if "json" not in raw.members:
-            raise fail("no json member")
-        try:
-            meta = json.loads(bytes(raw.members["json"]))
-        except (ValueError, RecursionError):
-            raise fail("json member is not valid JSON") from None
-        if type(meta) is not dict:
-            raise fail("json member is not a JSON object")
+    meta: dict[str, Any] = {} if raw.digests is not None else _sample_json(raw)
     sample_kind = kinds.sample_kind(raw)
     if not spec.lr.made or sample_kind.hr is None:  # a kind that cannot make LR is refused before any read
         return sample_kind.pair(raw, meta, spec)  # type: ignore[no-any-return]
