@@ -5,7 +5,6 @@ claims it, and a new kind of sample is one row: here samples stored as raw ``.np
 from __future__ import annotations
 
 import io
-import json
 
 import numpy as np
 import pytest
@@ -44,8 +43,13 @@ NPY = SampleKind(
 )
 
 
-def _raw(key: str, members: dict) -> RawSample:
-    return RawSample("shard-000000.tar", key, 0, 0, {fmt.JSON_MEMBER: json.dumps({"scales": [2]}).encode(), **members}, 0, 0)
+def _raw(key: str, members: dict, hw: tuple[int, int] = (80, 96)) -> RawSample:
+    """A sample of ``members`` with its ``{key}.json``: the one header schema (``shardmaker.format.SampleHeader``)."""
+    h, w = hw
+    header = fmt.SampleHeader(
+        key, f"{key}.npy", (w, h), (2,), 8, 3, "provided", {2: (w // 2, h // 2)}, digests=fmt.Digests.of(members)
+    )
+    return RawSample("shard-000000.tar", key, 0, 0, {fmt.JSON_MEMBER: header.encode(), **members}, 0, 0)
 
 
 def test_a_new_kind_is_one_row_of_the_table(monkeypatch):
