@@ -93,6 +93,14 @@ def gang_job(objects: list[dict]) -> tuple[dict, dict | None]:
         "metadata": {"name": f"{jobset['metadata']['name']}-{rj['name']}-0"},
         "spec": copy.deepcopy(rj["template"]["spec"]),
     }
+    # the labels JobSet gives the pods of its child Jobs (the master address reads the JobSet's name from them)
+    meta = child["spec"]["template"].setdefault("metadata", {})
+    meta["labels"] = {
+        **meta.get("labels", {}),
+        "jobset.sigs.k8s.io/jobset-name": jobset["metadata"]["name"],
+        "jobset.sigs.k8s.io/replicatedjob-name": rj["name"],
+        "jobset.sigs.k8s.io/job-index": "0",
+    }
     return child, jobset
 
 
@@ -259,7 +267,8 @@ def test_the_three_variants_run_the_same_pods(env, tmp_path):
     from_secret = {k for k, e in trainer_env.items() if e.get("valueFrom", {}).get("secretKeyRef", {}).get("name") == "wdsr-s3"}
     assert from_secret == secret_keys
     used = {m for arg in main_container(pod_spec(plain))["args"] for m in re.findall(r"\$\((\w+)\)", arg)}
-    assert used <= {"NNODES", "NPROC_PER_NODE", "NODE_RANK", "RDZV_TIMEOUT", "DATA_URL"}  # PET_*, PET_RDZV_CONF, the data
+    # PET_*, PET_RDZV_CONF, the data; the master address from the Job's name (the Trainer derives PET_MASTER_ADDR from its own)
+    assert used <= {"NNODES", "NPROC_PER_NODE", "NODE_RANK", "RDZV_TIMEOUT", "DATA_URL", "JOB_NAME"}
 
 
 def test_trainjob_streams_from_s3_and_leaves_rendezvous_to_the_trainer(tmp_path):
