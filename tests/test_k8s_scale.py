@@ -222,7 +222,7 @@ def test_vendored_crds_are_the_pinned_upstream_files():
     for name, digest in sums.items():
         assert hashlib.sha256((CRDS / name).read_bytes()).hexdigest() == digest, name
     sources = (CRDS / "SOURCES.md").read_text()
-    assert "`v0.12.0`" in sources and "`v2.3.0`" in sources
+    assert "`v0.12.0`" in sources and "`v2.3.0`" in sources and "`v0.19.2`" in sources
 
 
 # ---- sizes and sameness ------------------------------------------------------------------------------
