@@ -306,6 +306,8 @@ def _strict(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {k: _strict(v) for k, v in schema.items() if k not in ("x-kubernetes-validations", "description", "default")}
+    if isinstance(schema.get("properties"), dict):  # field names are kept, a field called description too
+        out["properties"] = {k: _strict(v) for k, v in schema["properties"].items()}
     if "properties" in out and "additionalProperties" not in out and not schema.get("x-kubernetes-preserve-unknown-fields"):
         out["additionalProperties"] = False
     if out.pop("nullable", False) and "type" in out:

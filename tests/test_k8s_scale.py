@@ -74,7 +74,7 @@ def train_objects(objects: list[dict]) -> dict[str, dict]:
     return {
         o["kind"]: o
         for o in objects
-        if o["metadata"]["name"] in ("wdsr-train", "wdsr-torch-distributed")
+        if o["metadata"]["name"].endswith(("wdsr-train", "wdsr-torch-distributed"))  # a run's namePrefix too
         and o["kind"] in ("Job", "JobSet", "TrainJob", "TrainingRuntime")
     }
 
