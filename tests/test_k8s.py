@@ -139,9 +139,10 @@ def test_local_dev_jobs_build_merge_and_train_from_s3(s3, tmp_path):
     settings.update({"steps": 4, "log-every": 1, "ckpt-every": 2})  # a few steps, not a few hundred
     cm["data"]["train.yaml"] = yaml.safe_dump(settings)
     job = find(train, "Job", "wdsr-train")
-    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     pod0 = Pod(job, train, 0, tmp_path / "expand", {}, {})
-    words = pod0.argv(job["spec"]["template"]["spec"]["containers"][0], pod0.env(job["spec"]["template"]["spec"]["containers"][0]))
+    words = pod0.argv(
+        job["spec"]["template"]["spec"]["containers"][0], pod0.env(job["spec"]["template"]["spec"]["containers"][0])
+    )
     addr = next(a.split("=", 1)[1] for a in words if a.startswith("--master-addr="))
     port = next(a.split("=", 1)[1] for a in words if a.startswith("--master-port="))
     service = find(train, "Service", job["spec"]["template"]["spec"]["subdomain"])

@@ -103,7 +103,11 @@ def test_pods_request_the_disk_their_volumes_use(overlay, tmp_path):
         containers = spec.get("initContainers", []) + spec["containers"]
         for c in containers:
             assert "ephemeral-storage" in c["resources"]["requests"], (name, c["name"])
-        disk = sum(quantity(v["emptyDir"]["sizeLimit"]) for v in spec["volumes"] if v.get("emptyDir", {}).get("medium") != "Memory" and "emptyDir" in v)
+        disk = sum(
+            quantity(v["emptyDir"]["sizeLimit"])
+            for v in spec["volumes"]
+            if v.get("emptyDir", {}).get("medium") != "Memory" and "emptyDir" in v
+        )
         assert all("sizeLimit" in v["emptyDir"] for v in spec["volumes"] if "emptyDir" in v), name
         limit = sum(quantity(c["resources"]["limits"]["ephemeral-storage"]) for c in spec["containers"])
         assert limit >= disk, (name, limit, disk)
@@ -188,7 +192,9 @@ def test_a_named_run_resolves_every_reference(variant, tmp_path):
         assert master_addr(objects, tmp_path) == f"{name}-node-0-0.{name}"
     else:
         runtime = find(objects, "TrainingRuntime", ours["spec"]["runtimeRef"]["name"])
-        node = main_container(trainjob_to_jobset(ours, runtime)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"])
+        node = main_container(
+            trainjob_to_jobset(ours, runtime)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        )
         assert {e["name"]: e.get("value") for e in node["env"]}["PET_MASTER_ADDR"] == f"{name}-node-0-0.{name}"
     settings = yaml.safe_load(find(objects, "ConfigMap", f"{run}-wdsr-train")["data"]["train.yaml"])
     before = yaml.safe_load(find(plain, "ConfigMap", "wdsr-train")["data"]["train.yaml"])
@@ -199,7 +205,10 @@ def test_a_named_run_resolves_every_reference(variant, tmp_path):
 def test_two_runs_share_nothing_but_the_namespace_objects(tmp_path):
     a, b = (render_run("train-jobset", tmp_path, r) for r in ("exp-a", "exp-b"))
     assert not {(o["kind"], o["metadata"]["name"]) for o in a} & {(o["kind"], o["metadata"]["name"]) for o in b}
-    outs = {yaml.safe_load(find(o, "ConfigMap", f"{r}-wdsr-train")["data"]["train.yaml"])["out"] for o, r in ((a, "exp-a"), (b, "exp-b"))}
+    outs = {
+        yaml.safe_load(find(o, "ConfigMap", f"{r}-wdsr-train")["data"]["train.yaml"])["out"]
+        for o, r in ((a, "exp-a"), (b, "exp-b"))
+    }
     assert len(outs) == 2
     assert yaml.safe_load(find(render(K8S / "runs" / "example"), "ConfigMap", "edsr-x4-b-wdsr-train")["data"]["train.yaml"])[
         "out"
@@ -277,8 +286,10 @@ def _selects(selector: dict, labels: dict) -> bool:
 def _peer_admits(peer: dict, labels: dict | None, ip: str | None) -> bool:
     if "ipBlock" in peer:
         block = peer["ipBlock"]
-        return ip is not None and ipaddress.ip_address(ip) in ipaddress.ip_network(block["cidr"]) and not any(
-            ipaddress.ip_address(ip) in ipaddress.ip_network(x) for x in block.get("except", [])
+        return (
+            ip is not None
+            and ipaddress.ip_address(ip) in ipaddress.ip_network(block["cidr"])
+            and not any(ipaddress.ip_address(ip) in ipaddress.ip_network(x) for x in block.get("except", []))
         )
     assert "namespaceSelector" not in peer, peer  # all our peers are pods of the run's own namespace
     return labels is not None and _selects(peer["podSelector"], labels)
@@ -329,7 +340,10 @@ def test_network_policy_admits_the_runs_own_traffic_only(variant, tmp_path):
 
 # ---- images ---------------------------------------------------------------------------------------------------
 def images(objects: list[dict]) -> dict[str, set[str]]:
-    out = {name: {c["image"] for c in t["spec"].get("initContainers", []) + t["spec"]["containers"]} for name, t in pods(objects).items()}
+    out = {
+        name: {c["image"] for c in t["spec"].get("initContainers", []) + t["spec"]["containers"]}
+        for name, t in pods(objects).items()
+    }
     out.update({o["metadata"]["name"]: {o["spec"]["trainer"]["image"]} for o in objects if o["kind"] == "TrainJob"})
     return out
 
