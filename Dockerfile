@@ -8,7 +8,9 @@ ARG BASE=python:3.11-slim
 FROM ${BASE}
 ARG TORCH=torch==2.13.0
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
-ARG EXTRAS=s3,demo
+# s3: S3 datasets and runs; demo: the local-dev seed photos; video: clips from video files (PyAV);
+# tiff: LZW/zstd/JPEG-compressed TIFF slides and scenes (imagecodecs): one image builds every source
+ARG EXTRAS=s3,demo,video,tiff
 RUN if ! command -v python3 >/dev/null; then \
       apt-get update && apt-get install -y --no-install-recommends python3 python3-venv && rm -rf /var/lib/apt/lists/*; \
     fi \

@@ -306,6 +306,8 @@ def _strict(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {k: _strict(v) for k, v in schema.items() if k not in ("x-kubernetes-validations", "description", "default")}
+    if isinstance(schema.get("properties"), dict):  # field names are kept, a field called description too
+        out["properties"] = {k: _strict(v) for k, v in schema["properties"].items()}
     if "properties" in out and "additionalProperties" not in out and not schema.get("x-kubernetes-preserve-unknown-fields"):
         out["additionalProperties"] = False
     if out.pop("nullable", False) and "type" in out:
@@ -314,12 +316,13 @@ def _strict(schema: Any) -> Any:
 
 
 @functools.cache
-def crd_validator(filename: str) -> tuple[str, str, str, Any]:
-    """(group, version, kind, validator) of a vendored CRD with one served version."""
+def crd_validator(filename: str, served: str | None = None) -> tuple[str, str, str, Any]:
+    """(group, version, kind, validator) of a vendored CRD: its one served version, or ``served``
+    where it serves several (Kueue serves v1beta1 and v1beta2)."""
     import jsonschema
 
     crd = yaml.load((CRDS / filename).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    (version,) = [v for v in crd["spec"]["versions"] if v.get("served", True)]
+    (version,) = [v for v in crd["spec"]["versions"] if v.get("served", True) and served in (None, v["name"])]
     schema = _strict(version["schema"]["openAPIV3Schema"])
     return crd["spec"]["group"], version["name"], crd["spec"]["names"]["kind"], jsonschema.Draft7Validator(schema)
 
@@ -328,13 +331,16 @@ CRD_FILES = {
     "JobSet": "jobset.x-k8s.io_jobsets.yaml",
     "TrainJob": "trainer.kubeflow.org_trainjobs.yaml",
     "TrainingRuntime": "trainer.kubeflow.org_trainingruntimes.yaml",
+    "LocalQueue": "kueue.x-k8s.io_localqueues.yaml",
+    "WorkloadPriorityClass": "kueue.x-k8s.io_workloadpriorityclasses.yaml",
 }
+SERVED = {"LocalQueue": "v1beta2", "WorkloadPriorityClass": "v1beta2"}  # the version we write, of CRDs serving several
 
 
 def validate_custom_resource(obj: dict[str, Any]) -> list[str]:
     """Errors ('path: message') of a custom resource against its vendored CRD; [] when it is valid.
     CEL rules (x-kubernetes-validations) and webhooks are not evaluated here."""
-    group, version, kind, validator = crd_validator(CRD_FILES[obj["kind"]])
+    group, version, kind, validator = crd_validator(CRD_FILES[obj["kind"]], SERVED.get(obj["kind"]))
     errors = []
     if obj.get("apiVersion") != f"{group}/{version}":
         errors.append(f"apiVersion: {obj.get('apiVersion')!r} is not {group}/{version}")

@@ -1,7 +1,7 @@
 """Run the pods of rendered Kubernetes Jobs as local processes, the way the kubelet would start them.
 
 What is taken from the manifests as is: each container's command and args, its env (``value``,
-``fieldRef`` to the Job's completion index, ``configMapKeyRef``/``secretKeyRef``, ``envFrom``
+``fieldRef`` to the Job's completion index or the pod's labels, ``configMapKeyRef``/``secretKeyRef``, ``envFrom``
 ConfigMaps and Secrets, ``$(VAR)`` expansion as Kubernetes does it) and its configMap volumes (files written where the container
 would see them). What is mapped: mount paths to local folders, the image's programs to this
 venv's, the S3 endpoint and credentials to the test server, the rendezvous Service's DNS name to
@@ -116,6 +116,27 @@ class Pod:
         alt = "|".join(re.escape(m) for m in sorted(mounts, key=len, reverse=True))
         return re.sub(rf"(^|=|\s)({alt})(?=/|$|\s)", lambda m: m.group(1) + mounts[m.group(2)], text, flags=re.M)
 
+    def labels(self) -> dict[str, str]:
+        """The pod's labels: its template's, and those the Job controller adds (its Job's name and, in
+        an Indexed Job, the completion index). A JobSet's labels are in its child Job's template."""
+        labels = dict(self.job["spec"]["template"].get("metadata", {}).get("labels", {}))
+        name = self.job["metadata"]["name"]
+        labels.update({"batch.kubernetes.io/job-name": name, "job-name": name})
+        if self.job["spec"].get("completionMode") == "Indexed":
+            labels["batch.kubernetes.io/job-completion-index"] = str(self.index)
+        return labels
+
+    def _field(self, var: str, ref: str) -> str:
+        """A downward-API fieldRef: the completion index, or one of the pod's labels."""
+        if ref == _COMPLETION_INDEX:
+            assert self.job["spec"].get("completionMode") == "Indexed", "completion index outside an Indexed Job"
+            return str(self.index)
+        m = re.fullmatch(r"metadata\.labels\['([^']+)'\]", ref)
+        assert m, f"env {var}: fieldRef {ref} is not mapped"
+        labels = self.labels()
+        assert m.group(1) in labels, f"env {var}: the pod has no label {m.group(1)} (it has {sorted(labels)})"
+        return labels[m.group(1)]
+
     def env(self, c: dict[str, Any]) -> dict[str, str]:
         env: dict[str, str] = {}
         for src in c.get("envFrom", []):
@@ -127,10 +148,7 @@ class Pod:
             if "value" in e:
                 env[e["name"]] = expand(e["value"], env)
             elif "fieldRef" in e["valueFrom"]:
-                ref = e["valueFrom"]["fieldRef"]["fieldPath"]
-                assert ref == _COMPLETION_INDEX, f"env {e['name']}: fieldRef {ref} is not mapped"
-                assert self.job["spec"].get("completionMode") == "Indexed", "completion index outside an Indexed Job"
-                env[e["name"]] = str(self.index)
+                env[e["name"]] = self._field(e["name"], e["valueFrom"]["fieldRef"]["fieldPath"])
             else:  # one key of a ConfigMap or Secret
                 kind, ref = next(iter(e["valueFrom"].items()))
                 obj = {"configMapKeyRef": "ConfigMap", "secretKeyRef": "Secret"}[kind]

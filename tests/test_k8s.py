@@ -93,12 +93,12 @@ def test_dockerfile_installs_the_pinned_torch_of_the_makefile():
     docker = (ROOT / "Dockerfile").read_text()
     assert f"ARG TORCH={pin}" in docker
     images = {
-        c["image"].split(":")[0]
+        o["metadata"]["name"]: {c["image"].split(":")[0] for c in o["spec"]["template"]["spec"]["containers"]}
         for o in render(K8S / "base" / "train") + render(K8S / "base" / "build")
         if o["kind"] == "Job"
-        for c in o["spec"]["template"]["spec"]["containers"]
     }
-    assert images == {"wdsr"}
+    # training runs the image (CUDA where there are GPUs); build and merge the CPU one (overlays pin both)
+    assert images == {"wdsr-train": {"wdsr"}, "wdsr-build": {"wdsr-cpu"}, "wdsr-merge": {"wdsr-cpu"}}
 
 
 def _pods(
@@ -139,9 +139,12 @@ def test_local_dev_jobs_build_merge_and_train_from_s3(s3, tmp_path):
     settings.update({"steps": 4, "log-every": 1, "ckpt-every": 2})  # a few steps, not a few hundred
     cm["data"]["train.yaml"] = yaml.safe_dump(settings)
     job = find(train, "Job", "wdsr-train")
-    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
-    addr = next(a.split("=", 1)[1] for a in args if a.startswith("--master-addr="))
-    port = next(a.split("=", 1)[1] for a in args if a.startswith("--master-port="))
+    pod0 = Pod(job, train, 0, tmp_path / "expand", {}, {})
+    words = pod0.argv(
+        job["spec"]["template"]["spec"]["containers"][0], pod0.env(job["spec"]["template"]["spec"]["containers"][0])
+    )
+    addr = next(a.split("=", 1)[1] for a in words if a.startswith("--master-addr="))
+    port = next(a.split("=", 1)[1] for a in words if a.startswith("--master-port="))
     service = find(train, "Service", job["spec"]["template"]["spec"]["subdomain"])
     assert addr == f"wdsr-train-0.{service['metadata']['name']}"
     assert int(port) in [p["port"] for p in service["spec"]["ports"]]

@@ -74,7 +74,7 @@ def train_objects(objects: list[dict]) -> dict[str, dict]:
     return {
         o["kind"]: o
         for o in objects
-        if o["metadata"]["name"] in ("wdsr-train", "wdsr-torch-distributed")
+        if o["metadata"]["name"].endswith(("wdsr-train", "wdsr-torch-distributed"))  # a run's namePrefix too
         and o["kind"] in ("Job", "JobSet", "TrainJob", "TrainingRuntime")
     }
 
@@ -92,6 +92,14 @@ def gang_job(objects: list[dict]) -> tuple[dict, dict | None]:
         "kind": "Job",
         "metadata": {"name": f"{jobset['metadata']['name']}-{rj['name']}-0"},
         "spec": copy.deepcopy(rj["template"]["spec"]),
+    }
+    # the labels JobSet gives the pods of its child Jobs (the master address reads the JobSet's name from them)
+    meta = child["spec"]["template"].setdefault("metadata", {})
+    meta["labels"] = {
+        **meta.get("labels", {}),
+        "jobset.sigs.k8s.io/jobset-name": jobset["metadata"]["name"],
+        "jobset.sigs.k8s.io/replicatedjob-name": rj["name"],
+        "jobset.sigs.k8s.io/job-index": "0",
     }
     return child, jobset
 
@@ -214,7 +222,7 @@ def test_vendored_crds_are_the_pinned_upstream_files():
     for name, digest in sums.items():
         assert hashlib.sha256((CRDS / name).read_bytes()).hexdigest() == digest, name
     sources = (CRDS / "SOURCES.md").read_text()
-    assert "`v0.12.0`" in sources and "`v2.3.0`" in sources
+    assert "`v0.12.0`" in sources and "`v2.3.0`" in sources and "`v0.19.2`" in sources
 
 
 # ---- sizes and sameness ------------------------------------------------------------------------------
@@ -259,7 +267,8 @@ def test_the_three_variants_run_the_same_pods(env, tmp_path):
     from_secret = {k for k, e in trainer_env.items() if e.get("valueFrom", {}).get("secretKeyRef", {}).get("name") == "wdsr-s3"}
     assert from_secret == secret_keys
     used = {m for arg in main_container(pod_spec(plain))["args"] for m in re.findall(r"\$\((\w+)\)", arg)}
-    assert used <= {"NNODES", "NPROC_PER_NODE", "NODE_RANK", "RDZV_TIMEOUT", "DATA_URL"}  # PET_*, PET_RDZV_CONF, the data
+    # PET_*, PET_RDZV_CONF, the data; the master address from the Job's name (the Trainer derives PET_MASTER_ADDR from its own)
+    assert used <= {"NNODES", "NPROC_PER_NODE", "NODE_RANK", "RDZV_TIMEOUT", "DATA_URL", "JOB_NAME"}
 
 
 def test_trainjob_streams_from_s3_and_leaves_rendezvous_to_the_trainer(tmp_path):
