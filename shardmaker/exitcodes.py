@@ -95,7 +95,7 @@ def _status(exc: BaseException) -> tuple[int | None, str]:
         status = meta.get("HTTPStatusCode")
         return (status if isinstance(status, int) else None), code
     status = getattr(exc, "status", None)  # aiohttp ClientResponseError, wdsr's HttpStatusError
-    return (status if isinstance(status, int) and not isinstance(status, bool) else None), str(getattr(exc, "code", "") or "")
+    return (status if isinstance(status, int) and not isinstance(status, bool) else None), ""
 
 
 def _one_unavailable(exc: BaseException) -> bool:

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         code = pod_exit_code(exc.failures)
         failed = sorted(exc.failures.items(), key=lambda rf: (rf[1].timestamp, rf[0]))
         ranks = ", ".join(f"rank {rank}: {_describe(f.exitcode)}" for rank, f in failed)
-        log.error("%s\nranks that failed (first first): %s; this pod exits %d (%s)", exc, ranks, code, code.name.lower())
+        log.error("%s\nranks that failed: %s; this pod exits %d (%s)", exc, ranks, code, code.name.lower())
         return int(code)
     except SignalException as exc:  # this pod was told to stop (SIGTERM: a preemption, a deletion)
         log.warning("torchrun stopped by %s; its ranks were told to stop too", exc.sigval.name)
