@@ -15,7 +15,7 @@ from shardmaker.builder import BuildConfig, build, merge_when_ready
 from shardmaker.builder.clips import DEFAULT_MAX_SPAN, DEFAULT_SEGMENT, ClipOptions
 from shardmaker.builder.regions import DEFAULT_REGION
 from shardmaker.builder.sample import LrMethod, SampleConfig
-from shardmaker.clikit import OneLineParser, configure_logging, parse_args, parse_part, parse_scales, parse_size, storage_error
+from shardmaker.clikit import OneLineParser, configure_logging, error_exit, parse_args, parse_part, parse_scales, parse_size
 from shardmaker.errors import OnError, ShardmakerError, brief
 from shardmaker.imaging.codecs import Codec
 from shardmaker.imaging.resize import ResizeMethod
@@ -500,21 +500,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.cmd == "cat":
             return _cat(args)
-    except (ShardmakerError, ValueError) as exc:
-        print(f"shardmaker {args.cmd}: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # a filesystem that refuses: permissions, not a folder, disk full, network
-        print(f"shardmaker {args.cmd}: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print(f"shardmaker {args.cmd}: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
-    except Exception as exc:  # an object store's client error (no endpoint, no credentials): one line too
-        why = storage_error(exc)
-        if why is None:
+    except Exception as exc:  # bad input (2), unavailable storage (69): one line; anything else is a crash
+        code = error_exit(f"shardmaker {args.cmd}", exc, (ShardmakerError,))
+        if code is None:
             raise
-        print(f"shardmaker {args.cmd}: error: {why}", file=sys.stderr)
-        return 2
+        return code
     return 2
 
 

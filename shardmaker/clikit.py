@@ -7,9 +7,21 @@ from __future__ import annotations
 import argparse
 import logging
 import re
+import sys
 from typing import NoReturn
 
-__all__ = ["OneLineParser", "configure_logging", "parse_args", "parse_part", "parse_scales", "parse_size", "storage_error"]
+from shardmaker.exitcodes import exit_code_of
+
+__all__ = [
+    "OneLineParser",
+    "configure_logging",
+    "error_exit",
+    "parse_args",
+    "parse_part",
+    "parse_scales",
+    "parse_size",
+    "storage_error",
+]
 
 _UNITS = {
     "": 1,
@@ -95,6 +107,18 @@ def storage_error(exc: BaseException) -> str | None:
             return f"object storage: {type(e).__name__}: {first}" + (f" ({hint})" if hint else "")
         e = e.__cause__ or e.__context__
     return None
+
+
+def error_exit(prog: str, exc: BaseException, bad_input: tuple[type[BaseException], ...] = ()) -> int | None:
+    """For an error that ends a command: print its one line (``prog: error: ...``) and return the exit
+    code of the contract (:mod:`shardmaker.exitcodes`: 69 unavailable storage, 2 bad input); None for
+    any other error, a crash that the caller lets raise (traceback, exit 1)."""
+    code = exit_code_of(exc, bad_input)
+    if code is None:
+        return None
+    why = str(exc) if isinstance(exc, (ValueError, OSError, *bad_input)) else storage_error(exc) or str(exc)
+    print(f"{prog}: error: {why}", file=sys.stderr)
+    return int(code)
 
 
 def configure_logging(prog: str, quiet: bool = False) -> None:

@@ -19,6 +19,7 @@ DOORS = (
     "shardmaker.errors",
     "shardmaker.compat",
     "shardmaker.clikit",
+    "shardmaker.exitcodes",
 )
 # wdsr's floors, bottom up: a module imports from its own floor or those below it
 FLOORS = (

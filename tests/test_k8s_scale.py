@@ -281,7 +281,7 @@ def test_trainjob_streams_from_s3_and_leaves_rendezvous_to_the_trainer(tmp_path)
     script = " ".join(trainjob["spec"]["trainer"]["command"] + trainjob["spec"]["trainer"]["args"])
     check, run = script.split(" && ")
     assert check.endswith("wdsr train --config=/etc/wdsr/train.yaml --data=$(DATA_URL) --resume --check") and run.startswith(
-        "exec torchrun "
+        "exec python -m wdsr.train.launch "
     )
     assert not re.search(r"--(nnodes|nproc|node-rank|master|rdzv)", run)  # torchrun reads PET_* instead
     node = main_container(

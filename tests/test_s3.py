@@ -560,9 +560,10 @@ def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     )
 
 
-def test_a_dead_endpoint_and_missing_credentials_are_one_line_and_exit_2(tmp_path):
-    """Every storage error class is one line and exit 2 (a pre-flight that exits 1 makes a Job retry);
-    no traceback. The endpoint is a closed port on 127.0.0.1; credentials are looked for nowhere else."""
+def test_a_dead_endpoint_exits_69_and_missing_credentials_2_in_one_line(tmp_path):
+    """Every storage error class is one line, no traceback: a dead endpoint exits 69 (unavailable: a Job
+    retries it within a budget), missing credentials 2 (bad input: it fails at once; 1 would be a crash).
+    The endpoint is a closed port on 127.0.0.1; credentials are looked for nowhere else."""
     dead = {
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}",
         "AWS_ACCESS_KEY_ID": "k",
@@ -575,17 +576,23 @@ def test_a_dead_endpoint_and_missing_credentials_are_one_line_and_exit_2(tmp_pat
         "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
     }
     cases = [
-        (["shardmaker", "info", "s3://bucket/ds"], dead, "EndpointConnectionError"),
+        (["shardmaker", "info", "s3://bucket/ds"], dead, "EndpointConnectionError", 69),
         (
             ["wdsr", "train", "--data", "s3://bucket/ds", "--out", str(tmp_path / "run"), "--check"],
             dead,
             "EndpointConnectionError",
+            69,
         ),
-        (["wdsr", "train", "--data", "s3://bucket/ds", "--out", str(tmp_path / "run"), "--check"], nocreds, "NoCredentialsError"),
+        (
+            ["wdsr", "train", "--data", "s3://bucket/ds", "--out", str(tmp_path / "run"), "--check"],
+            nocreds,
+            "NoCredentialsError",
+            2,
+        ),
     ]
-    for args, env, what in cases:
+    for args, env, what, code in cases:
         r = _cli(args, env)
-        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr[-2000:])
+        assert r.returncode == code and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr[-2000:])
         assert what in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 

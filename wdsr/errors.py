@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardmaker.exitcodes import Unavailable
+
 
 class SampleError(ValueError):
     """One sample (or a whole shard when ``key`` is None) cannot be used."""
@@ -19,3 +21,9 @@ class SampleError(ValueError):
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # survive the trip from a DataLoader worker
         return (type(self), (self.shard, self.key, self.reason))
+
+
+class SampleUnavailable(SampleError, Unavailable):
+    """A shard that could not be read because storage stayed unreachable, throttled or failing through
+    every retry: not the data's fault; the command exits 69 (shardmaker.exitcodes), trying later may work.
+    Built from one message too, so it reaches the trainer from a DataLoader worker as itself."""

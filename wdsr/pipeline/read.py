@@ -30,7 +30,7 @@ from shardmaker import compat, storage
 from shardmaker import format as fmt
 from shardmaker.errors import InputError
 from shardmaker.format import Manifest, ShardInfo
-from wdsr.errors import SampleError
+from wdsr.errors import SampleError, SampleUnavailable
 from wdsr.pipeline.plan import Span
 from wdsr.store import remote
 from wdsr.store.cache import CacheMismatch, ShardCache
@@ -162,7 +162,7 @@ class ShardReader:
         except remote.ReadFailed as exc:
             if "not found" in exc.reason:
                 raise SampleError(info.name, None, f"shard is missing ({url})") from None
-            raise SampleError(url, None, exc.reason) from None
+            raise _read_error(exc, url, exc.reason) from None
         if size != info.bytes:
             raise SampleError(info.name, None, f"shard has {size} bytes, the manifest says {info.bytes} (truncated or replaced)")
         if self.options.fetch is Fetch.FSSPEC:
@@ -195,7 +195,7 @@ class ShardReader:
         try:
             local, downloaded = self.cache.fill(info, download)
         except remote.ReadFailed as exc:
-            raise SampleError(rf.url, None, exc.reason) from None
+            raise _read_error(exc, rf.url, exc.reason) from None
         except CacheMismatch as exc:
             raise SampleError(info.name, None, exc.reason) from None
         self._count("cache_misses" if downloaded else "cache_hits")
@@ -261,7 +261,7 @@ class ShardReader:
                 try:
                     data, ns = pending.popleft().result() if ahead else fetch(i)
                 except remote.ReadFailed as exc:
-                    raise SampleError(rf.url, None, f"{exc.reason} (sample {info.keys[i]!r})") from None
+                    raise _read_error(exc, rf.url, f"{exc.reason} (sample {info.keys[i]!r})") from None
                 if isinstance(data, RawSample):
                     raw = data
                 else:
@@ -313,6 +313,12 @@ class _RangeFile:
         base = 0 if whence == io.SEEK_SET else self._pos if whence == io.SEEK_CUR else len(self._whole)
         self._pos = base + offset
         return self._pos
+
+
+def _read_error(exc: remote.ReadFailed, where: str, reason: str) -> SampleError:
+    """The sample error for a read that failed for good: SampleUnavailable where storage's unavailability
+    ended it (the command exits 69, not 2: the data may be fine), SampleError otherwise."""
+    return (SampleUnavailable if isinstance(exc, remote.ReadUnavailable) else SampleError)(where, None, reason)
 
 
 def _open_shard(fs: Any, path: str, info: ShardInfo) -> Any:

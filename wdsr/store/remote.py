@@ -29,6 +29,7 @@ from typing import Any
 import fsspec
 
 from shardmaker import storage
+from shardmaker.exitcodes import Unavailable
 
 log = logging.getLogger("wdsr")
 
@@ -67,6 +68,11 @@ class ReadFailed(OSError):
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # survive the trip from a DataLoader worker
         return (type(self), (self.url, self.reason))
+
+
+class ReadUnavailable(ReadFailed, Unavailable):
+    """A range read that failed every try for reasons trying later may fix (unreachable, throttled, 5xx,
+    timeouts): not the data's fault (exit 69, shardmaker.exitcodes)."""
 
 
 _PERMANENT = (PermissionError, FileNotFoundError, IsADirectoryError, NotADirectoryError, ValueError, TypeError)
@@ -165,7 +171,7 @@ class RemoteFile:
             raise ReadFailed(self.url, f"cannot read {what} ({describe(exc)})") from None
         failures += 1
         if failures >= self.retry.attempts:
-            raise ReadFailed(self.url, f"gave up reading {what} after {failures} tries (last: {describe(exc)})") from None
+            raise ReadUnavailable(self.url, f"gave up reading {what} after {failures} tries (last: {describe(exc)})") from None
         if self.on_retry is not None:
             self.on_retry(exc)
         log.debug("retrying %s %s after %s", self.url, what, describe(exc))

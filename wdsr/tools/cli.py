@@ -10,7 +10,8 @@ import signal
 import sys
 from typing import Any
 
-from shardmaker.clikit import OneLineParser, configure_logging, parse_args, parse_size, storage_error
+from shardmaker.clikit import OneLineParser, configure_logging, error_exit, parse_args, parse_size
+from shardmaker.exitcodes import ExitCode
 from wdsr.train.config import DEFAULT_STEPS
 
 
@@ -241,7 +242,8 @@ def _gb(text: str) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    """Bad settings, data or OUT: one line, exit 2 (through main); a run that diverged: one line, exit 1."""
+    """Bad settings, data or OUT: one line, exit 2 (through main); a run that diverged: one line, exit 2 too
+    (it diverges again from the same checkpoint with the same settings: lower --lr first)."""
     from wdsr.train.checkpoint import Diverged
     from wdsr.train.config import make_config
     from wdsr.train.loop import train
@@ -251,7 +253,7 @@ def _train(args: argparse.Namespace) -> int:
         return train(make_config(flags))
     except Diverged as exc:
         print(f"wdsr train: error: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.BAD_INPUT
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -362,15 +364,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"wdsr {args.cmd}: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError) as exc:
-        print(f"wdsr {args.cmd}: error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # an object store's client error (no endpoint, no credentials): one line too
-        why = storage_error(exc)
-        if why is None:
+    except Exception as exc:  # bad input (2), unavailable storage (69): one line; anything else is a crash
+        code = error_exit(f"wdsr {args.cmd}", exc)
+        if code is None:
             raise
-        print(f"wdsr {args.cmd}: error: {why}", file=sys.stderr)
-        return 2
+        return code
 
 
 if __name__ == "__main__":
