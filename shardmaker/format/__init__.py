@@ -27,7 +27,7 @@ Readers turn these into ``wdsr.SampleError`` (shard, key, reason); messages neve
 """
 
 from shardmaker.format import tiles
-from shardmaker.format.digests import DigestAlgorithm, Digests, SampleHeaderError, check_digests
+from shardmaker.format.digests import DigestAlgorithm, Digests, SampleHeaderError, check_digest, check_digests
 from shardmaker.format.header import ClipSpan, SampleHeader, parse_digests
 from shardmaker.format.headers import DEFAULT_MAX_PIXELS, HeaderError, ImageHeader, check_pair, image_header
 from shardmaker.format.loading import load, locate
@@ -35,6 +35,7 @@ from shardmaker.format.manifest import Manifest, ShardInfo, kind_text, parse
 from shardmaker.format.patterns import MAX_NAMES, PatternError, count_braces, expand_braces
 from shardmaker.format.schema import (
     FORMAT,
+    FRAME_MEMBER,
     JSON_MEMBER,
     MANIFEST,
     MAX_CLIP_FRAMES,
@@ -58,6 +59,7 @@ from shardmaker.format.tiles import TiledHeader, TileFormatError
 
 __all__ = [
     "ClipSpan",
+    "FRAME_MEMBER",
     "DEFAULT_MAX_PIXELS",
     "DigestAlgorithm",
     "Digests",
@@ -80,6 +82,7 @@ __all__ = [
     "TarFormatError",
     "TileFormatError",
     "TiledHeader",
+    "check_digest",
     "check_digests",
     "check_pair",
     "check_shard_name",

@@ -79,9 +79,15 @@ def check_digests(
     ``"sha256"``; a header without xxh3_64, from an older build, is checked by sha256): the one
     check, with one wording (``... does not match its sha256 in {key}.json``)."""
     algo = DigestAlgorithm(algorithm)
-    want = digests.get(algo)
-    if want is None:
-        algo, want = DigestAlgorithm.SHA256, digests.sha256
+    if digests.get(algo) is None:
+        algo = DigestAlgorithm.SHA256
     for name in names:
-        if digest_of(members[name], algo) != want.get(name):
-            raise SampleHeaderError(shard, key, f"{name} does not match its {algo.value} in {key}.json (corrupt shard)")
+        check_digest(digests, name, digest_of(members[name], algo), algo, shard, key)
+
+
+def check_digest(digests: Digests, name: str, got: str, algorithm: DigestAlgorithm | str, shard: str, key: str) -> None:
+    """One member's digest ``got`` (hashed by the caller, e.g. while streaming a member read by range)
+    against the header's: the same check and wording as :func:`check_digests`."""
+    algo = DigestAlgorithm(algorithm)
+    if got != (digests.get(algo) or {}).get(name):
+        raise SampleHeaderError(shard, key, f"{name} does not match its {algo.value} in {key}.json (corrupt shard)")

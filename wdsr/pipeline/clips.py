@@ -20,7 +20,6 @@ starts), so each window of the clip is drawn from exactly one sample.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from shardmaker import format as fmt
-from shardmaker.errors import brief
 from shardmaker.format import Manifest
 from wdsr.errors import SampleError
 from wdsr.pipeline import tiled
@@ -40,8 +38,7 @@ from wdsr.pipeline.sample import DecodeSpec, LrMode, SampleKind, is_clip_dataset
 from wdsr.pipeline.whole import DecodedPair, whole_pair
 from wdsr.store.decoded import FRAME_SEP
 
-FRAME = re.compile(r"^(hr|lr_x(\d{1,2}))_f(\d{4})\.([a-z]{3,5})$")
-MAX_FRAMES = 1000  # frames of one segment (shardmaker.builder.clips.MAX_SEGMENT)
+MAX_FRAMES = fmt.MAX_SEGMENT  # frames of one segment: the format's limit
 _U = 1 << 31  # resolution of the uniform draws of start, interval and reverse
 
 
@@ -105,14 +102,14 @@ class Segment:
 
 
 def is_clip(raw_members: Any) -> bool:
-    return "hr_f0000.png" in raw_members or "hr_f0000.qoi" in raw_members or "hr_f0000.tiles" in raw_members
+    return fmt.clip_ext(raw_members) is not None
 
 
 def wanted(name: str, scale: int) -> bool:
     """A clip sample's member is read: its json, and the HR and x``scale`` LR of every frame."""
     if name == fmt.JSON_MEMBER:
         return True
-    m = FRAME.match(name)
+    m = fmt.FRAME_MEMBER.match(name)
     return m is not None and (m.group(1) == "hr" or m.group(2) == str(scale))
 
 
@@ -122,29 +119,15 @@ def segment_of(shard: str, key: str, meta: dict[str, Any], members: Any, scale: 
     def fail(reason: str) -> SampleError:
         return SampleError(shard, key, reason)
 
-    def field(name: str, lo: int, hi: int) -> int:
-        v = meta.get(name)
-        if type(v) is not int or not lo <= v <= hi:
-            raise fail(f"{key}.json: {name} must be an integer in [{lo}, {hi}], got {brief(v)}")
-        return v
-
-    clip = meta.get("clip")
-    if not isinstance(clip, str) or not clip or len(clip) > 512:
-        raise fail(f"{key}.json: clip must be the clip's key, got {brief(clip)}")
-    length = field("clip_frames", 1, 1 << 22)
-    frames = field("frames", 1, min(MAX_FRAMES, length))
-    first = field("first_frame", 0, length - frames)
-    owned = meta.get("owned")
-    if not (type(owned) is list and len(owned) == 2 and all(type(o) is int for o in owned)):
-        raise fail(f"{key}.json: owned must be [first, stop) window starts, got {brief(owned)}")
-    a, b = owned
-    if not first <= a < b <= first + frames:
-        raise fail(f"{key}.json: owned starts [{a}, {b}) are not inside its frames [{first}, {first + frames})")
-    ext = next((e for e in ("png", "qoi", "tiles") if f"hr_f0000.{e}" in members), None)
+    if meta.get("clip") is None:  # fields checked by shardmaker.format.SampleHeader.parse; present on a segment's
+        raise fail(f"{key}.json has no clip fields: not a clip segment's header")
+    clip, length, first, frames = meta["clip"], meta["clip_frames"], meta["first_frame"], meta["frames"]
+    a, b = meta["owned"]
+    ext = fmt.clip_ext(members)
     if ext is None:
-        raise fail("no hr_f0000 member: not a clip sample")
+        raise fail(f"no {fmt.hr_frame(0, 'png')} member: not a clip sample")
     for t in range(frames):
-        for name in (f"hr_f{t:04d}.{ext}", f"lr_x{scale}_f{t:04d}.{ext}"):
+        for name in (fmt.hr_frame(t, ext), fmt.lr_frame(scale, t, ext)):
             if name not in members:
                 raise fail(f"no {name} member (frame {t} of {frames}; scales {meta.get('scales')!r})")
     return Segment(clip, length, first, frames, (a, b), ext)
@@ -219,7 +202,7 @@ class DecodedClip:
         """Frame ``t`` as an image sample (``hr.ext``, ``lr_x{s}.ext``), the header of their digests, the
         names it has there, and its members' names in the segment."""
         ext, s = self.seg.ext, self.scale
-        real = (f"hr_f{t:04d}.{ext}", f"lr_x{s}_f{t:04d}.{ext}")
+        real = (fmt.hr_frame(t, ext), fmt.lr_frame(s, t, ext))
         one, two = fmt.hr_member(ext), fmt.lr_member(s, ext)
         digests = {
             d: {one: (self._meta.get(d) or {}).get(real[0]), two: (self._meta.get(d) or {}).get(real[1])}

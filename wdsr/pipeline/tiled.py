@@ -107,10 +107,12 @@ def _check_tiles(raw: RawSample, meta: dict[str, Any], names: tuple[str, ...], l
         return SampleError(raw.shard, raw.key, reason)
 
     if verify is Verify.SHA256:
+        digests = fmt.Digests(meta.get("sha256") or {}, meta.get("xxh3_64"))
         for name in names:
-            want = (meta.get("sha256") or {}).get(name)
-            if not isinstance(want, str) or _sha256(raw.members[name]) != want:
-                raise fail(f"{name} does not match its sha256 in {raw.key}.json (corrupt shard)")
+            try:
+                fmt.check_digest(digests, name, _sha256(raw.members[name]), "sha256", raw.shard, raw.key)
+            except fmt.SampleHeaderError as exc:
+                raise fail(exc.reason) from None
     per_tile = verify is Verify.XXH3
     for name, (h, index) in zip(names, layouts, strict=True):
         member: Any = raw.members[name]
