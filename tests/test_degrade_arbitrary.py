@@ -71,7 +71,7 @@ def test_defaults_and_granularity() -> None:
 
 def test_draw_params_checks_the_patch() -> None:
     cfg = ArbitraryScaleConfig(scale=4, gt_size=96, scale_range=(1.0, 9.0))
-    with pytest.raises(ValueError, match="patch_size 90 is not a multiple of scale 4"):
+    with pytest.raises(ValueError, match="patch_size 90 must be a positive multiple of scale 4"):
         draw_params(cfg, np.random.default_rng(0), 90)
     with pytest.raises(ValueError, match="an HR side of 4 at scale 9.0 leaves no LR pixel"):
         draw_params(cfg, np.random.default_rng(0), 4)

@@ -86,7 +86,7 @@ def test_bad_degrader_use() -> None:
         Degrader(RealESRGANConfig(), granularity="pool")
     with pytest.raises(ValueError, match="granularity='batch' is Real-ESRGAN's"):
         Degrader(BSRGANConfig(), granularity="batch")
-    with pytest.raises(ValueError, match="patch_size 66 is not a multiple of scale 4"):
+    with pytest.raises(ValueError, match="patch_size 66 must be a positive multiple of scale 4"):
         draw_params(RealESRGANConfig(), np.random.default_rng(0), 66)
     with pytest.raises(ValueError, match="uint8"):
         Degrader(RealESRGANConfig())(torch.zeros(1, 3, 64, 64), {})

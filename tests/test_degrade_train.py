@@ -69,4 +69,13 @@ def test_preview_shows_degraded_pairs(hr_only, tmp_path, capsys):
     assert sheet.shape[1] == 96 + 4 + 96 and sheet.shape[0] > 3 * 96
     assert main(["preview", str(hr_only), "-o", str(png), "--patch-size", "96", "-n", "2", "--lr", "bicubic"]) == 0
     assert main(["preview", str(hr_only), "-o", str(png), "--patch-size", "48", "--degrade", "bsrgan"]) == 2
-    assert "patch_size 48 must be a multiple of scale 4 above 96" in capsys.readouterr().err
+    assert "patch_size 48 is too small for 25-tap kernels at 1/8: at least 104" in capsys.readouterr().err
+
+
+def test_preview_shows_arbitrary_scale_pairs_nearest_upscaled_to_their_hr(hr_only, tmp_path, capsys):
+    png = tmp_path / "a.png"
+    argv = ["preview", str(hr_only), "-o", str(png), "--patch-size", "96", "-n", "2", "--scale", "1", "--degrade", "arbitrary"]
+    assert main(argv) == 0
+    assert "2 arbitrary-degraded LR|HR pairs" in capsys.readouterr().out
+    sheet = np.asarray(Image.open(png))
+    assert sheet.shape[1] == 96 + 4 + 96 and sheet.shape[0] > 2 * 96

@@ -23,7 +23,7 @@ DOORS = (
 )
 # wdsr's floors, bottom up: a module imports from its own floor or those below it
 FLOORS = (
-    ("base", ("wdsr.errors", "wdsr.env", "wdsr.seeds", "wdsr.metrics")),
+    ("base", ("wdsr.errors", "wdsr.env", "wdsr.seeds", "wdsr.metrics", "wdsr.bounds")),
     ("store", ("wdsr.store",)),
     ("pipeline", ("wdsr.pipeline", "wdsr.degrade")),
     ("face", ("wdsr", "wdsr.config", "wdsr.dataset", "wdsr.loader", "wdsr.state", "wdsr.wds")),

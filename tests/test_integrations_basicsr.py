@@ -200,7 +200,7 @@ def test_basicsr_degrade_option() -> None:
     with pytest.raises(ValueError, match="give the top-level `scale: 1` \\(got 4\\)"):
         dataset_options(opt | {"degrade": "arbitrary"})
     for bad, message in (
-        ("realesrnet", "type 'realesrnet' is not one of"),
+        ("realesrnet", "degrade: 'realesrnet' is not one of realesrgan, bsrgan, arbitrary"),
         ({"type": "realesrgan", "blur_kernel_size2": 15}, "blur_kernel_size2 15 differs"),
         ({"type": "realesrgan", "queue_size": 180}, "queue_size: wdsr keeps no training-pair pool"),
         ({"type": "bsrgan", "noise": 3}, "unknown field 'noise'"),

@@ -121,7 +121,7 @@ def test_config_file_keys_are_flag_names_and_flags_win(tmp_path):
     [
         ("no manifest", ["--data", "{tmp}/nothing"], "no manifest.json"),
         ("missing scale", ["--scale", "3"], "no x3 LR"),
-        ("patch not a multiple", ["--patch-size", "50"], "not a multiple of --scale 4"),
+        ("patch not a multiple", ["--patch-size", "50"], "--patch-size 50 must be a positive multiple of --scale 4"),
         ("unknown model", ["--model", "rcan"], "invalid choice: 'rcan'"),
         ("unknown config key", ["--config", "{tmp}/bad.yaml"], "unknown setting 'learning_rate'"),
         ("steps and epochs", ["--steps", "3", "--epochs", "1"], "not both"),

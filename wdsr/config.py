@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
-import operator
 import os
 from typing import Any
 
@@ -13,7 +11,8 @@ import numpy as np
 
 from shardmaker import format as fmt
 from shardmaker.errors import OnError, brief
-from wdsr.degrade import draw_params
+from wdsr.bounds import check_number
+from wdsr.degrade import draw_arrays, registry
 from wdsr.pipeline.checks import Verify
 from wdsr.pipeline.clips import ClipConfig
 from wdsr.pipeline.epoch import StreamConfig
@@ -51,25 +50,6 @@ LIMITS: dict[str, tuple[int, int]] = {
 MAX_PATH_CHARS = 4096  # a folder or URL setting longer than this is refused (PATH_MAX)
 
 
-def check_number(label: str, value: Any, lo: float, hi: float, integer: bool, lo_open: bool = False) -> Any:
-    """``value`` as an int (``integer``) or a finite float in ``[lo, hi]`` (``(lo, hi]`` if ``lo_open``);
-    a ValueError naming ``label`` otherwise (bools are not numbers here)."""
-    kind = "an integer" if integer else "a finite number"
-    where = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]" if not integer else f"[{lo}, {hi}]"
-    bad = ValueError(f"{label} must be {kind} in {where}, got {brief(value)}")
-    if isinstance(value, bool):
-        raise bad
-    try:
-        number = operator.index(value) if integer else float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise bad from None
-    if not integer and not math.isfinite(number):
-        raise bad
-    if not (lo < number if lo_open else lo <= number) or not number <= hi:
-        raise bad
-    return number
-
-
 def _check_types(c: DatasetConfig) -> None:
     """Every field of the right type and in range (a wrong type raises here, never later in a worker)."""
     optional = ("min_patch_std", "tile", "cache_limit", "decoded_cache_limit")
@@ -98,10 +78,8 @@ def _check_types(c: DatasetConfig) -> None:
 def _check_degrade(c: DatasetConfig) -> None:
     """``degrade=``: a wdsr.degrade config whose patch and scale are the dataset's, for training."""
     d: Any = c.degrade
-    if isinstance(d, type) or type(d).__module__ != "wdsr.degrade.config":  # an instance of one of its configs
-        raise ValueError(
-            f"degrade must be a wdsr.RealESRGANConfig, wdsr.BSRGANConfig or wdsr.ArbitraryScaleConfig (or None), got {brief(d)}"
-        )
+    if type(d) not in registry.CONFIGS:  # an instance of one of the models' configs
+        raise ValueError(f"degrade must be a {registry.config_names()} (or None), got {brief(d)}")
     name = type(d).__name__
     if c.split is not Split.TRAIN:
         raise ValueError("degrade= makes training pairs; validate on stored LR or lr='bicubic' (split='val' without degrade=)")
@@ -116,7 +94,7 @@ def _check_degrade(c: DatasetConfig) -> None:
             f"patch_size={c.patch_size} but degrade={name}(gt_size={d.gt_size}): the HR patch is the degradation's "
             f"input, give the same size to both (patch_size={d.gt_size})"
         )
-    draw_params(d, np.random.default_rng(0), c.patch_size)  # a patch too small for its kernels: refused here, not in a worker
+    draw_arrays(d, np.random.default_rng(0), c.patch_size)  # a patch too small for its kernels: refused here, not in a worker
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

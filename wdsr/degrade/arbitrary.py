@@ -35,9 +35,8 @@ def lr_side(hr_side: int, scale: float) -> int:
 
 
 def draw_arrays(cfg: ArbitraryScaleConfig, rng: np.random.Generator, patch_size: int) -> dict[str, np.ndarray]:
-    """One sample's scale, uniform on ``cfg.scale_range``, from ``rng``."""
-    if patch_size % cfg.scale:
-        raise ValueError(f"patch_size {patch_size} is not a multiple of scale {cfg.scale}")
+    """One sample's scale, uniform on ``cfg.scale_range``, from ``rng`` (``patch_size`` a multiple of
+    ``cfg.scale``: ``degrader.draw_arrays`` checks it)."""
     lr_side(patch_size, cfg.scale_range[1])  # the largest scale still leaves an LR
     return {"scale": np.array(float(rng.uniform(*cfg.scale_range)), dtype=np.float64)}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from wdsr.bounds import check_multiple
 from wdsr.degrade.kernels import KERNEL_TYPES
 
 Range = tuple[float, float]
@@ -40,8 +41,7 @@ def _odd(name: str, size: int) -> None:
 
 
 def _scale(scale: int, gt_size: int) -> None:
-    if scale < 1 or gt_size < 1 or gt_size % scale:
-        raise ValueError(f"gt_size {gt_size} must be a positive multiple of scale {scale}")
+    check_multiple(gt_size, scale, "gt_size")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -8,25 +8,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from wdsr.degrade import arbitrary, bsrgan, realesrgan
+from wdsr.bounds import check_multiple
+from wdsr.degrade import registry
 from wdsr.degrade.config import ArbitraryScaleConfig, BSRGANConfig, RealESRGANConfig
 
 Params = dict[str, torch.Tensor]
 Config = RealESRGANConfig | BSRGANConfig | ArbitraryScaleConfig
-GRANULARITIES = ("sample", "batch")
-CONFIGS = "a RealESRGANConfig, BSRGANConfig or ArbitraryScaleConfig"
+GRANULARITIES = registry.GRANULARITIES
 
 
 def draw_arrays(cfg: Config, rng: np.random.Generator, patch_size: int) -> dict[str, np.ndarray]:
     """One sample's degradation parameters from ``rng`` as numpy arrays (kernels built here, in the
     worker): what the stream hands on, stacked per batch, without a tensor per sample."""
-    if isinstance(cfg, RealESRGANConfig):
-        return realesrgan.draw_arrays(cfg, rng, patch_size)
-    if isinstance(cfg, BSRGANConfig):
-        return bsrgan.draw_arrays(cfg, rng, patch_size)
-    if isinstance(cfg, ArbitraryScaleConfig):
-        return arbitrary.draw_arrays(cfg, rng, patch_size)
-    raise TypeError(f"draw_params expects {CONFIGS}, got {type(cfg).__name__}")
+    model = registry.of(cfg)
+    check_multiple(patch_size, cfg.scale)
+    return model.draw_arrays(cfg, rng, patch_size)
 
 
 def draw_params(cfg: Config, rng: np.random.Generator, patch_size: int) -> Params:
@@ -64,29 +60,18 @@ class Degrader(torch.nn.Module):
             raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
         self.register_buffer("_anchor", torch.empty(0), persistent=False)  # the module's device
         self.cfg = cfg
-        self.pipeline: realesrgan.RealESRGANPipeline | bsrgan.BSRGANPipeline | arbitrary.ArbitraryScalePipeline
-        if isinstance(cfg, RealESRGANConfig):
-            granularity = granularity or cfg.granularity
-            self.pipeline = realesrgan.RealESRGANPipeline(cfg)
-        elif isinstance(cfg, BSRGANConfig):
-            if granularity == "batch":
-                raise ValueError("granularity='batch' is Real-ESRGAN's; BSRGAN degrades each sample on its own")
-            self.pipeline = bsrgan.BSRGANPipeline(cfg)
-        elif isinstance(cfg, ArbitraryScaleConfig):
-            if granularity == "sample":
-                raise ValueError("granularity='sample' would give LR patches of many sizes; ArbitraryScaleConfig is 'batch'")
-            granularity = "batch"
-            self.pipeline = arbitrary.ArbitraryScalePipeline(cfg)
-        else:
-            raise TypeError(f"Degrader expects {CONFIGS}, got {type(cfg).__name__}")
-        self.granularity = granularity or "sample"
+        model = registry.of(cfg)
+        granularity = granularity or getattr(cfg, "granularity", model.granularities[0])
+        if granularity not in model.granularities:
+            raise ValueError(f"{model.name}: {model.granularity_note}")
+        self.pipeline = model.pipeline(cfg)
+        self.granularity = granularity
 
     def _check(self, hr: torch.Tensor, params: Params) -> None:
         if hr.dtype != torch.uint8 or hr.dim() != 4 or hr.shape[1] != 3:
             raise ValueError(f"Degrader expects uint8 [B, 3, H, W] HR patches, got {hr.dtype} {tuple(hr.shape)}")
-        s = self.cfg.scale
-        if hr.shape[2] % s or hr.shape[3] % s:
-            raise ValueError(f"HR patch {tuple(hr.shape[2:])} is not a multiple of scale {s}")
+        for side, name in zip(hr.shape[2:], ("HR patch height", "HR patch width"), strict=True):
+            check_multiple(side, self.cfg.scale, name)
         for k, v in params.items():
             if v.shape[0] != hr.shape[0]:
                 raise ValueError(f"params[{k!r}] has {v.shape[0]} rows for a batch of {hr.shape[0]}")

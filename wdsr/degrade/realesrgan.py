@@ -71,9 +71,8 @@ def _resize_scale(rng: np.random.Generator, probs: tuple[float, float, float], l
 
 def draw_arrays(cfg: RealESRGANConfig, rng: np.random.Generator, patch_size: int) -> dict[str, np.ndarray]:
     """One sample's parameters (table above) as numpy arrays, every draw from ``rng``; the kernels are
-    built here (``degrader.draw_params`` makes them tensors; the stream keeps them numpy until the batch)."""
-    if patch_size % cfg.scale:
-        raise ValueError(f"patch_size {patch_size} is not a multiple of scale {cfg.scale}")
+    built here (``degrader.draw_params`` makes them tensors; the stream keeps them numpy until the batch).
+    ``patch_size`` is a multiple of ``cfg.scale`` (``degrader.draw_arrays`` checks it)."""
     smallest = min(int(patch_size * cfg.resize_range[0]), patch_size // cfg.scale)  # what a kernel may blur
     if smallest <= cfg.blur_kernel_size // 2:
         k = cfg.blur_kernel_size

@@ -29,6 +29,7 @@ import torch
 import yaml
 
 import wdsr
+from wdsr.degrade import registry
 from wdsr.loader import SRLoader
 
 log = logging.getLogger("wdsr")
@@ -70,46 +71,37 @@ def dataset_options(opt: Mapping[str, Any]) -> tuple[str, dict[str, Any], dict[s
     return url, options, loader
 
 
-DEGRADE_TYPES = {"realesrgan": "RealESRGANConfig", "bsrgan": "BSRGANConfig", "arbitrary": "ArbitraryScaleConfig"}
-
-
 def degrade_option(value: Any, scale: int, gt_size: int) -> Any:
-    """``degrade: realesrgan`` (or ``bsrgan``), or a mapping ``{type: realesrgan, <fields>}`` whose fields are
-    the config's (``wdsr.RealESRGANConfig`` keeps Real-ESRGAN's YAML names: ``blur_kernel_size``,
-    ``kernel_list``, ``resize_range``, ``noise_range2``, ...), at the run's ``scale`` and ``gt_size``."""
+    """``degrade: NAME`` (a model of ``wdsr.degrade.registry``: ``realesrgan``, ``bsrgan``, ``arbitrary``), or
+    a mapping ``{type: NAME, <fields>}`` whose fields are the config's (``wdsr.RealESRGANConfig`` keeps
+    Real-ESRGAN's YAML names: ``blur_kernel_size``, ``kernel_list``, ``resize_range``, ``noise_range2``, ...),
+    at the run's ``scale`` and ``gt_size``."""
+    label = "datasets.train.degrade"
     fields = dict(value) if isinstance(value, Mapping) else {"type": value}
     name = fields.pop("type", None)
-    if name not in DEGRADE_TYPES:
-        raise ValueError(f"datasets.train.degrade: type {name!r} is not one of {', '.join(DEGRADE_TYPES)}")
-    cls = getattr(wdsr, DEGRADE_TYPES[name])
-    if name == "arbitrary" and scale != 1:
+    model = registry.lookup(name, label)
+    if model.float_scale is not None and scale != 1:
         raise ValueError(
-            f"datasets.train.degrade: arbitrary draws the scale per batch: give the top-level `scale: 1` (got {scale}); "
+            f"{label}: {name} {model.float_scale}: give the top-level `scale: 1` (got {scale}); "
             "HR patches are then cut on the HR grid"
         )
     if name == "realesrgan" and "blur_kernel_size2" in fields:  # Real-ESRGAN's yml names both rounds' size
         second = fields.pop("blur_kernel_size2")
         if second != fields.get("blur_kernel_size", 21):
             raise ValueError(
-                f"datasets.train.degrade: blur_kernel_size2 {second!r} differs from blur_kernel_size: wdsr pads every "
+                f"{label}: blur_kernel_size2 {second!r} differs from blur_kernel_size: wdsr pads every "
                 "kernel to one size (blur_kernel_size)"
             )
     if "queue_size" in fields:
         raise ValueError(
-            "datasets.train.degrade: queue_size: wdsr keeps no training-pair pool (parameters are drawn per patch and the "
+            f"{label}: queue_size: wdsr keeps no training-pair pool (parameters are drawn per patch and the "
             "shuffle buffer mixes the batches); leave it out"
-        )
-    known = set(cls.__dataclass_fields__) - {"scale", "gt_size"}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise ValueError(
-            f"datasets.train.degrade: unknown field {unknown[0]!r} of {cls.__name__} (known: {', '.join(sorted(known))})"
         )
     lists = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}  # YAML lists -> the config's tuples
     try:
-        return cls(scale=scale, gt_size=gt_size, **lists)
+        return registry.make(name, scale, gt_size, label, **lists)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"datasets.train.degrade: {exc}") from None
+        raise ValueError(str(exc) if str(exc).startswith(label) else f"{label}: {exc}") from None
 
 
 class WdsrDataset:

@@ -28,6 +28,7 @@ import numpy as np
 
 from shardmaker import format as fmt
 from shardmaker.format import Manifest
+from wdsr.bounds import bounded, check_bounds
 from wdsr.errors import SampleError
 from wdsr.pipeline import tiled
 from wdsr.pipeline.augment import N_DIHEDRAL, chw_shape, patch_source, write_chw
@@ -51,20 +52,16 @@ class ClipConfig:
     frames. Validation: ``val_frames`` frames per chunk of a clip (``split="val"``), ``val_padding``
     how centre windows are padded at clip ends."""
 
-    frames: int = 7
-    interval: tuple[int, ...] = (1,)
+    # the numbers' ranges live on the fields (wdsr.bounds): checked here, read by wdsr train's flags
+    frames: int = bounded(7, 1, MAX_FRAMES)
+    interval: tuple[int, ...] = bounded((1,), 1, MAX_FRAMES, items=64)  # a scalar is one interval
     window: str = "recurrent"
-    reverse: float = 0.0
-    val_frames: int = 32
+    reverse: float = bounded(0.0, 0.0, 1.0)  # a probability
+    val_frames: int = bounded(32, 1, MAX_FRAMES)
     val_padding: str = "reflection_circle"
 
     def __post_init__(self) -> None:
-        iv = tuple(self.interval) if isinstance(self.interval, (list, tuple)) else (self.interval,)
-        object.__setattr__(self, "interval", iv)
-        if type(self.frames) is not int or not 1 <= self.frames <= MAX_FRAMES:
-            raise ValueError(f"clip frames must be an integer in [1, {MAX_FRAMES}], got {self.frames!r}")
-        if not iv or len(iv) > 64 or any(type(i) is not int or not 1 <= i <= MAX_FRAMES for i in iv):
-            raise ValueError(f"clip interval must be a list of 1..64 integers in [1, {MAX_FRAMES}], got {self.interval!r}")
+        check_bounds(self, "clip ")
         if self.window not in ("recurrent", "center"):
             raise ValueError(f"clip window must be 'recurrent' or 'center', got {self.window!r}")
         if self.window == "center" and self.frames % 2 == 0:

@@ -16,6 +16,7 @@ import numpy as np
 
 from shardmaker import compat
 from wdsr import seeds
+from wdsr.bounds import check_multiple
 from wdsr.pipeline.augment import chw_shape, write_chw
 from wdsr.seeds import patch_base as draw_base  # the stream of one sample's patches in one epoch
 
@@ -79,11 +80,7 @@ class PatchConfig:
     def __post_init__(self) -> None:
         if self.scale < 1:
             raise ValueError(f"scale must be >= 1, got {self.scale}")
-        if self.patch_size < self.scale or self.patch_size % self.scale:
-            raise ValueError(
-                f"patch_size {self.patch_size} must be a positive multiple of scale {self.scale} "
-                f"(e.g. {max(1, round(self.patch_size / self.scale)) * self.scale})"
-            )
+        check_multiple(self.patch_size, self.scale)
         if self.max_tries < 1:
             raise ValueError(f"max_tries must be >= 1, got {self.max_tries}")
 

@@ -30,6 +30,7 @@ import fsspec
 
 from shardmaker import storage
 from shardmaker.exitcodes import Unavailable
+from wdsr.bounds import bounded, check_bounds
 
 log = logging.getLogger("wdsr")
 
@@ -45,14 +46,14 @@ class Retry:
     (with jitter) up to ``max_backoff_s``, and a connection that brings no byte for
     ``timeout_s`` seconds counts as failed."""
 
-    attempts: int = 8
-    backoff_s: float = 0.2
-    max_backoff_s: float = 8.0
-    timeout_s: float = 30.0
+    # each field's range is its own (wdsr.bounds): checked here, read by wdsr train's config files
+    attempts: int = bounded(8, 1, 1000)
+    backoff_s: float = bounded(0.2, 0, 3600)
+    max_backoff_s: float = bounded(8.0, 0, 86400)
+    timeout_s: float = bounded(30.0, 0, 86400, lo_open=True)
 
     def __post_init__(self) -> None:
-        if self.attempts < 1 or self.backoff_s < 0 or self.timeout_s <= 0:
-            raise ValueError(f"bad retry policy {self}: attempts >= 1, backoff_s >= 0, timeout_s > 0")
+        check_bounds(self, "retry.")
 
     def wait(self, failures: int) -> float:
         base = min(self.max_backoff_s, self.backoff_s * 2 ** (failures - 1))

@@ -12,7 +12,29 @@ from typing import Any
 
 from shardmaker.clikit import OneLineParser, configure_logging, error_exit, parse_args, parse_size
 from shardmaker.exitcodes import ExitCode
-from wdsr.train.config import DEFAULT_STEPS
+from wdsr.bounds import default_of
+from wdsr.config import DatasetConfig
+from wdsr.degrade.registry import DEGRADATIONS, NAMES
+from wdsr.pipeline.clips import ClipConfig
+from wdsr.train.config import DEFAULT_STEPS, TrainConfig
+
+D = DatasetConfig()  # the SRDataset defaults that --help shows
+
+
+def _default(name: str) -> Any:
+    """A ``wdsr train`` setting's default, from the dataclass that owns it (TrainConfig, DatasetConfig)."""
+    return default_of(TrainConfig, name) if name in TrainConfig.__dataclass_fields__ else getattr(D, name)
+
+
+def _degrade_help(head: str, tail: str = "", fixed_scale: bool = False) -> str:
+    """``--degrade``'s help: ``head``, each model of ``wdsr.degrade.registry`` in a few words (those of a
+    float scale marked when ``fixed_scale`` models train here), then ``tail``."""
+    models = "; ".join(
+        f"{d.name} = {d.summary}"
+        + (" (refused here: the models upscale by one integer --scale)" if fixed_scale and d.float_scale else "")
+        for d in DEGRADATIONS.values()
+    )
+    return f"{head}: {models} (docs/degrade.md){tail}"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -25,18 +47,28 @@ def _parser() -> argparse.ArgumentParser:
         "--compare-naive also runs the decode-per-patch map-style Dataset on the same shards.",
     )
     b.add_argument("url", metavar="URL")
-    b.add_argument("--workers", type=int, default=2, help="DataLoader workers (default 2)")
-    b.add_argument("--batch-size", type=int, default=16, help="patches per batch (default 16)")
-    b.add_argument("--patches-per-image", "-k", type=int, default=16, help="patches cut per decoded pair (default 16)")
-    b.add_argument("--patch-size", type=int, default=192, help="HR patch side, a multiple of --scale (default 192)")
-    b.add_argument("--scale", type=int, default=4, help="which LR (default 4)")
-    b.add_argument("--seconds", type=float, default=20.0, help="measuring time per loader (default 20)")
-    b.add_argument("--shuffle-buffer", type=int, default=256, help="patches in each worker's shuffle buffer (default 256)")
+    b.add_argument("--workers", type=int, default=2, help="DataLoader workers (default %(default)s)")
+    b.add_argument("--batch-size", type=int, default=D.batch_size, help="patches per batch (default %(default)s)")
+    b.add_argument(
+        "--patches-per-image",
+        "-k",
+        type=int,
+        default=D.patches_per_image,
+        help="patches cut per decoded pair (default %(default)s)",
+    )
+    b.add_argument(
+        "--patch-size", type=int, default=D.patch_size, help="HR patch side, a multiple of --scale (default %(default)s)"
+    )
+    b.add_argument("--scale", type=int, default=D.scale, help="which LR (default %(default)s)")
+    b.add_argument("--seconds", type=float, default=20.0, help="measuring time per loader (default %(default)g)")
+    b.add_argument(
+        "--shuffle-buffer", type=int, default=256, help="patches in each worker's shuffle buffer (default %(default)s)"
+    )
     b.add_argument(
         "--verify",
         choices=["none", "xxh3_64", "sha256"],
-        default="xxh3_64",
-        help="check image members against their digests in {key}.json before decoding (default xxh3_64)",
+        default=D.verify.value,
+        help="check image members against their digests in {key}.json before decoding (default %(default)s)",
     )
     b.add_argument("--compare-naive", action="store_true", help="also run the decode-per-patch baseline; print the ratio")
     b.add_argument(
@@ -44,7 +76,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="URL2",
         help="also stream URL2 (e.g. the same shards in S3) right after URL, same settings; print URL2 / URL",
     )
-    b.add_argument("--read-ahead", type=int, default=1, help="remote: samples fetched while one decodes (default 1; 0 = off)")
+    b.add_argument(
+        "--read-ahead",
+        type=int,
+        default=D.read_ahead,
+        help="remote: samples fetched while one decodes (default %(default)s; 0 = off)",
+    )
     b.add_argument(
         "--fetch",
         choices=["ranges", "fsspec"],
@@ -63,33 +100,7 @@ def _parser() -> argparse.ArgumentParser:
         "--decoded-cache-limit", type=_gb, metavar="SIZE", help="decoded cache limit (20GB; a bare number is GB; default: all)"
     )
     b.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    v = sub.add_parser(
-        "preview",
-        help="write a contact sheet of LR (nearest-upscaled) | HR patch pairs, labelled with key and transform",
-        description="Draw patches as epoch 0 of training cuts them (same seed, positions, augmentation and "
-        "flat-patch rejection) from the first images in manifest order, LR left of its HR, each pair under "
-        "its label: the image's key, the patch's index and its transform (rot 90/180/270 counter-clockwise, "
-        "then flip = mirrored left-right).",
-    )
-    v.add_argument("url", metavar="URL")
-    v.add_argument("-o", "--output", required=True, help="PNG file to write (local path or fsspec URL)")
-    v.add_argument("--scale", type=int, default=4)
-    v.add_argument("--patch-size", type=int, default=128)
-    v.add_argument("-n", "--count", type=int, default=8, help="patch pairs to draw (default 8)")
-    v.add_argument("--per-image", type=int, default=2, help="patches cut from each image, in manifest order (default 2)")
-    v.add_argument("--seed", type=int, default=0)
-    v.add_argument(
-        "--lr",
-        choices=["stored", "bicubic", "bicubic-uint8"],
-        default="stored",
-        help="stored (default): the dataset's LR; bicubic(-uint8): made from HR per patch, MATLAB-exactly (HR-only datasets)",
-    )
-    v.add_argument(
-        "--degrade",
-        choices=["realesrgan", "bsrgan"],
-        help="show degraded pairs: the LR that Real-ESRGAN's or BSRGAN's model (docs/degrade.md) makes from each HR "
-        "patch with the parameters training draws for it (HR-only datasets too)",
-    )
+    _preview_parser(sub)
     c = sub.add_parser(
         "cache",
         help="show or remove a node-wide decoded-pair cache",
@@ -103,6 +114,40 @@ def _parser() -> argparse.ArgumentParser:
     _train_parser(sub)
     _tool_parsers(sub)
     return p
+
+
+def _preview_parser(sub: Any) -> None:
+    v = sub.add_parser(
+        "preview",
+        help="write a contact sheet of LR (nearest-upscaled) | HR patch pairs, labelled with key and transform",
+        description="Draw patches as epoch 0 of training cuts them (same seed, positions, augmentation and "
+        "flat-patch rejection) from the first images in manifest order, LR left of its HR, each pair under "
+        "its label: the image's key, the patch's index and its transform (rot 90/180/270 counter-clockwise, "
+        "then flip = mirrored left-right).",
+    )
+    v.add_argument("url", metavar="URL")
+    v.add_argument("-o", "--output", required=True, help="PNG file to write (local path or fsspec URL)")
+    v.add_argument("--scale", type=int, default=D.scale)
+    v.add_argument("--patch-size", type=int, default=128)
+    v.add_argument("-n", "--count", type=int, default=8, help="patch pairs to draw (default %(default)s)")
+    v.add_argument(
+        "--per-image", type=int, default=2, help="patches cut from each image, in manifest order (default %(default)s)"
+    )
+    v.add_argument("--seed", type=int, default=D.seed)
+    v.add_argument(
+        "--lr",
+        choices=["stored", "bicubic", "bicubic-uint8"],
+        default="stored",
+        help="stored (default): the dataset's LR; bicubic(-uint8): made from HR per patch, MATLAB-exactly (HR-only datasets)",
+    )
+    v.add_argument(
+        "--degrade",
+        choices=NAMES,
+        help=_degrade_help(
+            "show degraded pairs: the LR that the model makes from each HR patch with the parameters training draws "
+            "for it (HR-only datasets too)"
+        ),
+    )
 
 
 def _tool_parsers(sub: Any) -> None:
@@ -165,54 +210,86 @@ def _train_parser(sub: Any) -> None:
     t.add_argument(
         "--model",
         choices=["edsr-baseline", "espcn", "tinyvsr"],
-        help="edsr-baseline (default; 16 blocks x 64 ch) or espcn for image datasets; tinyvsr (a small recurrent "
-        "BasicVSR-like model) for clip datasets, with --clip-frames",
+        help="edsr-baseline (16 blocks x 64 ch) or espcn for image datasets; tinyvsr (a small recurrent "
+        f"BasicVSR-like model) for clip datasets, with --clip-frames (default {_default('model').value})",
     )
-    t.add_argument("--scale", type=int, help="upscaling factor; the data must hold this LR (default 4)")
-    t.add_argument("--patch-size", type=int, help="HR patch side, a multiple of --scale (default 192)")
-    t.add_argument("-k", "--patches-per-image", type=int, help="patches cut per decoded pair (default 16)")
-    t.add_argument("--batch-size", type=int, help="patches per batch per rank (default 16)")
+    t.add_argument("--scale", type=int, help=f"upscaling factor; the data must hold this LR (default {_default('scale')})")
+    t.add_argument("--patch-size", type=int, help=f"HR patch side, a multiple of --scale (default {_default('patch_size')})")
+    t.add_argument(
+        "-k", "--patches-per-image", type=int, help=f"patches cut per decoded pair (default {_default('patches_per_image')})"
+    )
+    t.add_argument("--batch-size", type=int, help=f"patches per batch per rank (default {_default('batch_size')})")
     t.add_argument("--workers", type=int, help="DataLoader workers per rank (default: this machine's cores, at most 8)")
-    t.add_argument("--shuffle-buffer", type=int, help="patches in each worker's shuffle buffer (default 1024)")
+    t.add_argument(
+        "--shuffle-buffer", type=int, help=f"patches in each worker's shuffle buffer (default {_default('shuffle_buffer')})"
+    )
     t.add_argument(
         "--clip-frames",
         type=int,
         metavar="T",
         help="clip datasets (shardmaker build --clips): windows of T frames; a batch is lr [B, T, C, h, w]",
     )
-    t.add_argument("--clip-interval", metavar="I[,I...]", help="frame steps, one drawn per window (default 1; e.g. 1,2)")
+    clip = ClipConfig()
+    intervals = ",".join(map(str, clip.interval))
+    t.add_argument(
+        "--clip-interval", metavar="I[,I...]", help=f"frame steps, one drawn per window (default {intervals}; e.g. 1,2)"
+    )
     t.add_argument(
         "--clip-window",
         choices=["recurrent", "center"],
-        help="recurrent (default): the HR of all T frames; center: of the centre frame only (T odd)",
+        help=f"recurrent: the HR of all T frames; center: of the centre frame only (T odd) (default {clip.window})",
     )
-    t.add_argument("--clip-reverse", type=float, metavar="P", help="probability of a window's frames reversed (default 0)")
+    t.add_argument(
+        "--clip-reverse", type=float, metavar="P", help=f"probability of a window's frames reversed (default {clip.reverse:g})"
+    )
     t.add_argument(
         "--degrade",
-        choices=["realesrgan", "bsrgan"],
-        help="train from HR alone, the LR made on the device from each batch (Real-ESRNet-style): realesrgan = "
-        "Real-ESRGAN's second-order model (train_realesrnet_x4plus.yml, USM-sharpened HR target), bsrgan = BSRGAN's "
-        "shuffled one; parameters drawn per patch in the workers (docs/degrade.md). Default: the stored LR",
+        choices=NAMES,
+        help=_degrade_help(
+            "train from HR alone, the LR made on the device from each batch (Real-ESRNet-style) with parameters drawn "
+            "per patch in the workers",
+            ". Default: the stored LR",
+            fixed_scale=True,
+        ),
     )
+    _train_run_flags(t)
+
+
+def _train_run_flags(t: argparse.ArgumentParser) -> None:
+    """``wdsr train``'s flags of the run: schedule, precision, validation, logging, checkpoints, caches."""
     t.add_argument("--steps", type=int, help=f"optimizer steps in all (default {DEFAULT_STEPS} unless --epochs)")
     t.add_argument("--epochs", type=int, help="passes over the data instead of --steps")
-    t.add_argument("--lr", type=float, help="Adam learning rate (default 2e-4)")
-    t.add_argument("--schedule", choices=["cosine", "step"], help="cosine to 0 over the run (default) or step")
-    t.add_argument("--lr-step", type=int, help="step schedule: multiply by --lr-gamma every N steps (default 200000)")
-    t.add_argument("--lr-gamma", type=float, help="step schedule factor (default 0.5)")
+    t.add_argument("--lr", type=float, help=f"Adam learning rate (default {_default('lr'):g})")
+    t.add_argument(
+        "--schedule", choices=["cosine", "step"], help=f"cosine to 0 over the run or step (default {_default('schedule').value})"
+    )
+    t.add_argument(
+        "--lr-step", type=int, help=f"step schedule: multiply by --lr-gamma every N steps (default {_default('lr_step')})"
+    )
+    t.add_argument("--lr-gamma", type=float, help=f"step schedule factor (default {_default('lr_gamma'):g})")
     t.add_argument(
         "--amp",
         choices=["auto", "bf16", "fp16", "off"],
-        help="auto (default): bf16 on CUDA where supported, else fp16 + GradScaler; off on CPU",
+        help=f"auto: bf16 on CUDA where supported, else fp16 + GradScaler; off on CPU (default {_default('amp').value})",
     )
-    t.add_argument("--device", choices=["auto", "cpu", "cuda"], help="auto (default): cuda:LOCAL_RANK if CUDA is there")
-    t.add_argument("--val-every", type=int, help="validate every N steps (default 1000; 0 = never)")
+    t.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        help=f"auto: cuda:LOCAL_RANK if CUDA is there (default {_default('device').value})",
+    )
+    t.add_argument("--val-every", type=int, help=f"validate every N steps (default {_default('val_every')}; 0 = never)")
     t.add_argument("--val-tile", type=int, help="validate in LR tiles of this side (large images); default whole images")
-    t.add_argument("--log-every", type=int, help="log every N steps (default 50)")
-    t.add_argument("--ckpt-every", type=int, help="checkpoint every N steps (default 1000; always at the end)")
-    t.add_argument("--keep-ckpts", type=int, help="checkpoints kept (default 3; 0 = all)")
-    t.add_argument("--seed", type=int, help="seed of the weights, patch positions and shuffles (default 0)")
-    t.add_argument("--on-error", choices=["fail", "skip"], help="bad samples: stop (default) or skip them, counted")
+    t.add_argument("--log-every", type=int, help=f"log every N steps (default {_default('log_every')})")
+    t.add_argument(
+        "--ckpt-every", type=int, help=f"checkpoint every N steps (default {_default('ckpt_every')}; always at the end)"
+    )
+    t.add_argument("--keep-ckpts", type=int, help=f"checkpoints kept (default {_default('keep_ckpts')}; 0 = all)")
+    t.add_argument("--seed", type=int, help=f"seed of the weights, patch positions and shuffles (default {_default('seed')})")
+    t.add_argument(
+        "--on-error",
+        choices=["fail", "skip"],
+        help=f"bad samples: stop (fail) or skip them, counted (default {_default('on_error').value})",
+    )
     t.add_argument("--cache-dir", help="remote data: keep whole shards in this local folder")
     t.add_argument(
         "--decoded-cache",
@@ -305,7 +382,8 @@ def _preview(args: argparse.Namespace) -> int:
     from wdsr.tools.preview import contact_sheet, write_png
     from wdsr.train.config import degrade_config
 
-    degrade = degrade_config(args.degrade, args.scale, args.patch_size, "flags")  # a ConfigError is a ValueError
+    # a ConfigError is a ValueError; preview shows float-scale models too
+    degrade = degrade_config(args.degrade, args.scale, args.patch_size, "flags", fixed_scale=False)
     config = DatasetConfig(scale=args.scale, patch_size=args.patch_size, seed=args.seed, lr=args.lr, degrade=degrade)
     sheet = contact_sheet(args.url, config, args.count, args.per_image)
     write_png(args.output, sheet)

@@ -80,8 +80,8 @@ def degraded_pairs(url: str, config: DatasetConfig, count: int, per_image: int =
 
 def contact_sheet(url: str, config: DatasetConfig, count: int = 8, per_image: int = 2, gap: int = 4) -> np.ndarray:
     """HxWx3 uint8 image: one row per patch, ``[LR x s | HR]`` under its label (key, index, transform);
-    with ``config.degrade``, the LR is the degraded one (:func:`degraded_pairs`)."""
-    s = config.scale
+    with ``config.degrade``, the LR is the degraded one (:func:`degraded_pairs`; ``arbitrary``'s is
+    nearest-upscaled to its HR, its float scale being the batch's)."""
     rows = []
     if config.degrade is not None:
         pairs = degraded_pairs(url, config, count, per_image)
@@ -89,7 +89,7 @@ def contact_sheet(url: str, config: DatasetConfig, count: int = 8, per_image: in
         pairs = [(p.lr, p.hr, label) for p, label in labelled_patches(url, config, count, per_image)]
     for lr, hr, label in pairs:
         a8, b8 = _rgb8(lr), _rgb8(hr)
-        up = a8.repeat(s, axis=0).repeat(s, axis=1)
+        up = _nearest(a8, b8.shape[0], b8.shape[1])
         sep = np.full((b8.shape[0], gap, 3), 255, np.uint8)
         row = np.concatenate([up, sep, b8], axis=1)
         rows.append(np.concatenate([label_strip(label, row.shape[1]), row], axis=0))
@@ -97,6 +97,13 @@ def contact_sheet(url: str, config: DatasetConfig, count: int = 8, per_image: in
         raise ValueError(f"{url}: no image is large enough for a {config.patch_size}-pixel patch")
     line = np.full((gap, rows[0].shape[1], 3), 255, np.uint8)
     return np.concatenate([x for r in rows for x in (r, line)][:-1], axis=0)
+
+
+def _nearest(img: np.ndarray, h: int, w: int) -> np.ndarray:
+    """``img`` (HxWxC) nearest-upscaled to ``h x w``: each pixel repeated ``s`` times at an integer scale s."""
+    rows = np.arange(h) * img.shape[0] // h
+    cols = np.arange(w) * img.shape[1] // w
+    return img[rows][:, cols]
 
 
 def _hwc(chw: np.ndarray) -> np.ndarray:

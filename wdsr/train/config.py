@@ -24,8 +24,11 @@ import numpy as np
 from shardmaker import compat, storage
 from shardmaker.clikit import parse_size
 from shardmaker.errors import brief
-from wdsr.config import LIMITS, MAX_PATH_CHARS, DatasetConfig, check_number
-from wdsr.pipeline.clips import MAX_FRAMES, ClipConfig
+from wdsr.bounds import Bound, bounded, bounds, check_multiple, check_number
+from wdsr.config import LIMITS, MAX_PATH_CHARS, DatasetConfig
+from wdsr.degrade import draw_arrays, registry
+from wdsr.pipeline.clips import ClipConfig
+from wdsr.store.remote import Retry
 from wdsr.train.models import ModelName
 
 
@@ -57,6 +60,7 @@ class Device(str, enum.Enum):
 
 
 DEFAULT_STEPS = 100_000
+BIG = 10**12  # steps and step counts: far beyond any run, far below int64
 
 
 def default_workers() -> int:
@@ -70,24 +74,29 @@ def default_workers() -> int:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
+    """The settings of a run. Each number's range is on its field (``wdsr.bounds``; the train set's own are
+    ``wdsr.config.LIMITS``): the lr and gamma are finite and can neither train to inf nor grow the rate;
+    workers are bounded by what any node could use."""
+
     data: str
     out: str
     dataset: DatasetConfig = dataclasses.field(default_factory=DatasetConfig)  # the train set's options
     val_data: str | None = None
     model: ModelName = ModelName.EDSR_BASELINE
-    workers: int = dataclasses.field(default_factory=lambda: default_workers())  # the machine's cores, at most 8
-    steps: int | None = None
-    epochs: int | None = None
-    lr: float = 2e-4
+    # the machine's cores, at most 8
+    workers: int = bounded(default_factory=lambda: default_workers(), lo=0, hi=256, integer=True)
+    steps: int | None = bounded(None, 1, BIG, integer=True)  # None (and no epochs): DEFAULT_STEPS
+    epochs: int | None = bounded(None, 1, 10**6, integer=True)
+    lr: float = bounded(2e-4, 0.0, 1.0, lo_open=True)
     schedule: Schedule = Schedule.COSINE
-    lr_step: int = 200_000
-    lr_gamma: float = 0.5
+    lr_step: int = bounded(200_000, 1, BIG)
+    lr_gamma: float = bounded(0.5, 0.0, 1.0, lo_open=True)
     amp: Amp = Amp.AUTO
-    val_every: int = 1000
-    val_tile: int | None = None
-    log_every: int = 50
-    ckpt_every: int = 1000
-    keep_ckpts: int = 3
+    val_every: int = bounded(1000, 0, BIG)
+    val_tile: int | None = bounded(None, 1, 1 << 20, integer=True)
+    log_every: int = bounded(50, 1, BIG)
+    ckpt_every: int = bounded(1000, 0, BIG)
+    keep_ckpts: int = bounded(3, 0, 10**6)
     resume: bool = False
     check: bool = False  # validate settings, data and --out, then stop (a pre-flight init container)
     tensorboard: bool = False
@@ -122,7 +131,7 @@ class TrainConfig:
         clip = self.dataset.clip
         clips = {key: None if clip is None else _plain(getattr(clip, field)) for key, field in CLIP_KEYS.items()}
         clips["clip_interval"] = None if clip is None else list(clip.interval)
-        degrade = degrade_name(self.dataset.degrade)
+        degrade = registry.name_of(self.dataset.degrade)
         return {**out, **{name: _plain(getattr(self.dataset, name)) for name in DATASET_KEYS}, **clips, "degrade": degrade}
 
 
@@ -154,42 +163,29 @@ def _check_clip_model(cfg: TrainConfig) -> None:
 DATASET_KEYS = tuple(
     f.name for f in dataclasses.fields(DatasetConfig) if f.name not in ("split", "tile", "return_keys", "clip", "lr", "degrade")
 )  # "lr" is the learning rate here; SRDataset(lr="bicubic") is not a train setting yet
-# --degrade NAME: SRDataset(degrade=...) with the model's defaults at the run's scale and patch size
-DEGRADE_MODELS = {"realesrgan": "RealESRGANConfig", "bsrgan": "BSRGANConfig"}
 # the train set's windows of frames (clip datasets): setting -> wdsr.ClipConfig field; on when clip_frames is set
 CLIP_KEYS = {"clip_frames": "frames", "clip_interval": "interval", "clip_window": "window", "clip_reverse": "reverse"}
 _CLIP_TYPES = {"clip_frames": "int", "clip_interval": "int", "clip_window": "ClipWindow", "clip_reverse": "float"}
 TRAIN_SET_KEYS = (*DATASET_KEYS, *CLIP_KEYS, "degrade")  # the settings of the train set: flat, or under ``dataset:``
-MAX_INTERVALS = 64  # intervals a window may draw from (wdsr.ClipConfig's own bound)
 _SIZES = ("cache_limit", "decoded_cache_limit")  # bytes, given with units (a bare number is GB)
-BIG = 10**12  # steps and step counts: far beyond any run, far below int64
+# what a train setting's number must be: the range on its dataclass field (TrainConfig, wdsr.ClipConfig;
+# clip_interval: each interval of the list), else the train set's wdsr.config.LIMITS
+_CLIP_BOUNDS = {
+    key: dataclasses.replace(bounds(ClipConfig)[field], items=None)
+    for key, field in CLIP_KEYS.items()
+    if field in bounds(ClipConfig)
+}
+MAX_INTERVALS = bounds(ClipConfig)["interval"].items or 1  # intervals a window may draw from
 
-# The range of every number of the train settings (the train set's own are wdsr.config.LIMITS):
-# (lowest, highest, whether the lowest is excluded). The lr and gamma are finite and can neither
-# train to inf nor grow the rate; workers are bounded by what any node could use.
-TRAIN_LIMITS: dict[str, tuple[float, float, bool]] = {
-    "steps": (1, BIG, False),
-    "epochs": (1, 10**6, False),
-    "lr": (0.0, 1.0, True),
-    "lr_step": (1, BIG, False),
-    "lr_gamma": (0.0, 1.0, True),
-    "val_every": (0, BIG, False),
-    "val_tile": (1, 1 << 20, False),
-    "log_every": (1, BIG, False),
-    "ckpt_every": (0, BIG, False),
-    "keep_ckpts": (0, 10**6, False),
-    "workers": (0, 256, False),
-    "clip_frames": (1, MAX_FRAMES, False),
-    "clip_interval": (1, MAX_FRAMES, False),  # each interval of the list
-    "clip_reverse": (0.0, 1.0, False),
-}
-# retry: fields: (lowest, highest, whether an integer)
-_RETRY = {
-    "attempts": (1, 1000, True),
-    "backoff_s": (0, 3600, False),
-    "max_backoff_s": (0, 86400, False),
-    "timeout_s": (0, 86400, False),
-}
+
+def bound(name: str) -> Bound:
+    """The range of the train setting ``name`` (the dataclass field's own)."""
+    if name in bounds(TrainConfig):
+        return bounds(TrainConfig)[name]
+    if name in _CLIP_BOUNDS:
+        return _CLIP_BOUNDS[name]
+    lo, hi = LIMITS.get(name, (-BIG, BIG))
+    return Bound(lo, hi, integer=True)
 
 
 def flag(name: str) -> str:
@@ -202,8 +198,10 @@ def _check_flags(opts: dict[str, Any]) -> None:
     get = {name: opts.get(name, getattr(defaults, name)) for name in ("scale", "patch_size")}
     if get["scale"] < 2:
         raise ConfigError(f"--scale must be >= 2, got {get['scale']}")
-    if get["patch_size"] % get["scale"]:
-        raise ConfigError(f"--patch-size {get['patch_size']} is not a multiple of --scale {get['scale']}")
+    try:
+        check_multiple(get["patch_size"], get["scale"], "--patch-size", "--scale")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _plain(v: Any) -> Any:
@@ -212,31 +210,21 @@ def _plain(v: Any) -> Any:
     return dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
 
 
-def _number(label: str, value: Any, lo: float, hi: float, integer: bool, lo_open: bool = False) -> Any:
-    try:
-        return check_number(label, value, lo, hi, integer, lo_open)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
-
 def _retry(value: Any, where: str) -> Any:
-    """A ``retry:`` mapping (attempts, backoff_s, max_backoff_s, timeout_s), each field checked."""
-    from wdsr.store.remote import Retry
-
+    """A ``retry:`` mapping (attempts, backoff_s, max_backoff_s, timeout_s), each field checked by
+    ``wdsr.Retry`` itself (its fields' ranges)."""
+    fields = [f.name for f in dataclasses.fields(Retry)]
     if isinstance(value, Retry):
         return value
     if not isinstance(value, dict):
-        raise ConfigError(f"{where}: retry must be a mapping of {', '.join(_RETRY)}, got {brief(value)}")
-    fields = {}
-    for key, item in value.items():
-        if key not in _RETRY:
-            raise ConfigError(f"{where}: retry: unknown field {brief(key)} (known: {', '.join(_RETRY)})")
-        lo, hi, integer = _RETRY[key]
-        fields[key] = _number(f"retry.{key}", item, lo, hi, integer, lo_open=key == "timeout_s")
+        raise ConfigError(f"{where}: retry must be a mapping of {', '.join(fields)}, got {brief(value)}")
+    for key in value:
+        if key not in fields:
+            raise ConfigError(f"{where}: retry: unknown field {brief(key)} (known: {', '.join(fields)})")
     try:
-        return Retry(**fields)
+        return Retry(**value)
     except ValueError as exc:
-        raise ConfigError(f"{where}: retry: {exc}") from None
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _intervals(value: Any) -> tuple[int, ...]:
@@ -273,29 +261,25 @@ def clip_config(settings: dict[str, Any], where: str) -> ClipConfig | None:
         raise ConfigError(f"{'' if where == 'flags' else where + ': '}{exc} (--clip-frames, --clip-window)") from None
 
 
-def degrade_name(cfg: Any) -> str | None:
-    """The ``--degrade`` name of a wdsr.degrade config (None: no degradations)."""
-    if cfg is None:
-        return None
-    return next((name for name, cls in DEGRADE_MODELS.items() if type(cfg).__name__ == cls), type(cfg).__name__)
-
-
-def degrade_config(name: Any, scale: int, patch_size: int, where: str) -> Any:
-    """``--degrade realesrgan|bsrgan``: the model's defaults (Real-ESRGAN's train_realesrnet_x4plus.yml,
-    BSRGAN's degradation_bsrgan) at the run's scale and HR patch size; null: none."""
+def degrade_config(name: Any, scale: int, patch_size: int, where: str, fixed_scale: bool = True) -> Any:
+    """``--degrade NAME`` (``wdsr.degrade.registry``): the model's defaults (Real-ESRGAN's
+    train_realesrnet_x4plus.yml, BSRGAN's degradation_bsrgan, ...) at the run's scale and HR patch size;
+    null: none. ``fixed_scale``: refuse a model whose LR is not HR / scale (``wdsr train``'s models upscale
+    by one integer scale; ``wdsr preview`` shows any)."""
     if name is None:
         return None
-    if not isinstance(name, str) or name not in DEGRADE_MODELS:
-        raise ConfigError(f"--degrade: {brief(name)} is not one of {', '.join(DEGRADE_MODELS)}")
-    import wdsr.degrade
-
+    label = f"{'' if where == 'flags' else where + ': '}--degrade"
     try:
-        cfg = getattr(wdsr.degrade, DEGRADE_MODELS[name])(scale=scale, gt_size=patch_size)
-        wdsr.degrade.draw_params(cfg, np.random.default_rng(0), patch_size)  # a patch too small for its kernels
+        model = registry.lookup(name, label)
+        if fixed_scale:
+            registry.check_fixed_scale(model, label, "wdsr train")
     except ValueError as exc:
-        raise ConfigError(
-            f"{'' if where == 'flags' else where + ': '}--degrade {name} (--patch-size {patch_size}): {exc}"
-        ) from None
+        raise ConfigError(str(exc)) from None
+    try:
+        cfg = registry.make(name, scale, patch_size, label)
+        draw_arrays(cfg, np.random.default_rng(0), patch_size)  # a patch too small for its kernels
+    except ValueError as exc:
+        raise ConfigError(f"{label} {name} (--patch-size {patch_size}): {exc}") from None
     return cfg
 
 
@@ -362,8 +346,11 @@ def _coerce(name: str, annotation: Any, value: Any) -> Any:
     if kind in (int, float):
         if isinstance(value, str):  # a number written as text ("2e-4": YAML 1.1 reads it as a string)
             value = _parse_number(name, value, kind)
-        lo, hi, lo_open = TRAIN_LIMITS.get(name) or (*LIMITS.get(name, (-BIG, BIG)), False)
-        return _number(flag(name), value, lo, hi, kind is int, lo_open)
+        b = bound(name)
+        try:
+            return check_number(flag(name), value, b.lo, b.hi, kind is int, b.lo_open)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     if not isinstance(value, str) or len(value) > MAX_PATH_CHARS:
         raise ConfigError(f"{flag(name)} must be a string of at most {MAX_PATH_CHARS} characters, got {brief(value)}")
     return value
