@@ -13,12 +13,12 @@ For Python users, the same work as the command line::
 The house: ``format/`` (the one door to shard bytes), ``imaging/`` (codecs, PNG, MATLAB resize),
 ``builder/`` (build and merge), ``index`` (foreign shards), ``verify``, ``cli``. Public modules for
 other packages (``wdsr``): ``shardmaker.format``, ``shardmaker.imaging``, ``shardmaker.storage``,
-``shardmaker.errors``, ``shardmaker.compat``, ``shardmaker.clikit``; each names its ``__all__``.
+``shardmaker.errors``, ``shardmaker.deprecation``, ``shardmaker.commandline``; each names its ``__all__``.
 """
 
 from typing import Any
 
-from shardmaker import compat, errors
+from shardmaker import deprecation, errors
 from shardmaker.builder import BuildConfig, BuildResult, SampleConfig, build, merge
 from shardmaker.errors import BuildError, InputError, OnError, ShardmakerError
 from shardmaker.format import Manifest, ManifestError, load
@@ -47,12 +47,13 @@ __all__ = [
 ]
 
 # module paths of the flat layout (before 0.2), served for one release with a warning
-compat.alias_modules(
+deprecation.alias_modules(
     {
-        "shardmaker._compat": "shardmaker.compat",
+        "shardmaker._compat": "shardmaker.deprecation",
+        "shardmaker.compat": "shardmaker.deprecation",  # until 0.3: the module's name said too little
+        "shardmaker.clikit": "shardmaker.commandline",
         **{f"shardmaker.{m}": f"shardmaker.imaging.{m}" for m in ("codecs", "png", "resize")},
         **{f"shardmaker.{m}": f"shardmaker.builder.{m}" for m in ("outdir", "sources", "sample", "writer")},
-        "shardmaker.build": "shardmaker.builder",  # the build module until 0.2
     }
 )
 

@@ -15,7 +15,7 @@ from shardmaker.builder import BuildConfig, build, merge_when_ready
 from shardmaker.builder.clips import DEFAULT_MAX_SPAN, DEFAULT_SEGMENT, ClipOptions
 from shardmaker.builder.regions import DEFAULT_REGION
 from shardmaker.builder.sample import LrMethod, SampleConfig
-from shardmaker.clikit import OneLineParser, configure_logging, error_exit, parse_args, parse_part, parse_scales, parse_size
+from shardmaker.commandline import OneLineParser, configure_logging, error_exit, parse_args, parse_part, parse_scales, parse_size
 from shardmaker.errors import OnError, ShardmakerError, brief
 from shardmaker.imaging.codecs import Codec
 from shardmaker.imaging.resize import ResizeMethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from shardmaker import compat
+from shardmaker import deprecation
 
 __all__ = ["BuildError", "ImageDataError", "InputError", "OnError", "ShardmakerError", "brief"]
 
@@ -73,6 +73,6 @@ class _VerifyError(ShardmakerError):
     """Never raised: ``shardmaker.verify.verify`` returns its problems (the CLI exits 1 on any)."""
 
 
-__getattr__ = compat.module_getattr(
+__getattr__ = deprecation.module_getattr(
     __name__, {"VerifyError": ("the problems list that shardmaker.verify.verify returns", _VerifyError)}
 )

@@ -17,8 +17,8 @@ DOORS = (
     "shardmaker.imaging",
     "shardmaker.storage",
     "shardmaker.errors",
-    "shardmaker.compat",
-    "shardmaker.clikit",
+    "shardmaker.deprecation",
+    "shardmaker.commandline",
     "shardmaker.exitcodes",
 )
 # wdsr's floors, bottom up: a module imports from its own floor or those below it

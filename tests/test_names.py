@@ -10,7 +10,7 @@ import shardmaker
 from shardmaker import builder as build_mod
 from shardmaker.builder import sample as sample_mod
 from shardmaker.builder.sample import LrMethod, SampleConfig
-from shardmaker.compat import WdsrDeprecationWarning
+from shardmaker.deprecation import WdsrDeprecationWarning
 from shardmaker.errors import OnError
 from shardmaker.format.manifest import LR_METHODS
 from wdsr import dataset as dataset_mod
@@ -76,8 +76,9 @@ def test_bench_stream_k_keyword_is_deprecated():
         ("wdsr.remote", "wdsr.store.remote", "RemoteFile"),
         ("wdsr.trainconfig", "wdsr.train.config", "TrainConfig"),
         ("shardmaker.codecs", "shardmaker.imaging.codecs", "decode"),
-        ("shardmaker._compat", "shardmaker.compat", "WdsrDeprecationWarning"),
-        ("shardmaker.build", "shardmaker.builder", "BuildConfig"),
+        ("shardmaker._compat", "shardmaker.deprecation", "WdsrDeprecationWarning"),
+        ("shardmaker.compat", "shardmaker.deprecation", "warn"),
+        ("shardmaker.clikit", "shardmaker.commandline", "parse_size"),
     ],
 )
 def test_module_paths_of_the_flat_layout_still_import_with_a_warning(old, new, name):
@@ -89,3 +90,15 @@ def test_module_paths_of_the_flat_layout_still_import_with_a_warning(old, new, n
         mod = importlib.import_module(old)
     assert getattr(mod, name) is getattr(importlib.import_module(new), name)
     sys.modules.pop(old, None)
+
+
+def test_shardmaker_build_is_the_function_of_the_face_not_the_old_module():
+    """The old ``shardmaker.build`` module path is gone: the name is the face's ``build()``."""
+    import importlib
+
+    import shardmaker
+
+    assert callable(shardmaker.build)
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("shardmaker.build")
+    assert callable(shardmaker.build)

@@ -6,7 +6,7 @@ for lr, hr in loader: sr = model(wdsr.to_float(lr.cuda()))
 state = loader.state_dict(); loader.load_state_dict(state)   # exact mid-epoch resume
 """
 
-from shardmaker import compat
+from shardmaker import deprecation
 from shardmaker.errors import OnError
 from wdsr.config import DatasetConfig, Split
 from wdsr.dataset import SRDataset, ValSample
@@ -44,7 +44,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 # module paths of the flat layout (before 0.2), served for one release with a warning
-compat.alias_modules(
+deprecation.alias_modules(
     {
         **{f"wdsr.{m}": f"wdsr.pipeline.{m}" for m in ("plan", "read", "decode", "patches", "augment", "shuffle", "stream")},
         **{f"wdsr.{m}": f"wdsr.pipeline.{m}" for m in ("handoff", "stats", "tiles")},

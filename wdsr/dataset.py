@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset
 
-from shardmaker import compat
+from shardmaker import deprecation
 from shardmaker import format as fmt
 from shardmaker.errors import OnError, brief
 from wdsr import env
@@ -187,7 +187,7 @@ class SRDataset(IterableDataset):
 
     @property
     def opts(self) -> DatasetConfig:
-        compat.warn("SRDataset.opts", "SRDataset.config")
+        deprecation.warn("SRDataset.opts", "SRDataset.config")
         return self.config
 
     def __getstate__(self) -> dict[str, Any]:  # what a DataLoader worker gets: not the loaders
@@ -212,7 +212,7 @@ class SRDataset(IterableDataset):
 
     @property
     def epoch(self) -> int:
-        compat.warn("SRDataset.epoch", "SRLoader.epoch (the loader owns the epoch counter)")
+        deprecation.warn("SRDataset.epoch", "SRLoader.epoch (the loader owns the epoch counter)")
         return self.requested_epoch or 0
 
     def _sizes(self) -> list[int]:
@@ -390,4 +390,4 @@ def _combine(
     return combined, MixSource(sources), mix
 
 
-__getattr__ = compat.module_getattr(__name__, {"Options": ("wdsr.dataset.DatasetConfig", DatasetConfig)})
+__getattr__ = deprecation.module_getattr(__name__, {"Options": ("wdsr.dataset.DatasetConfig", DatasetConfig)})

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from shardmaker import compat
+from shardmaker import deprecation
 from shardmaker import format as fmt
 from wdsr import env, state
 from wdsr.dataset import Split, SRDataset
@@ -283,7 +283,7 @@ def to_float(x: torch.Tensor) -> torch.Tensor:
     raise TypeError(f"to_float expects a uint8/uint16 tensor, got {x.dtype}")
 
 
-__getattr__ = compat.module_getattr(
+__getattr__ = deprecation.module_getattr(
     __name__,
     {
         "STATE_FORMAT": ("wdsr.state.STATE_FORMAT", state.STATE_FORMAT),

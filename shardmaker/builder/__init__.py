@@ -6,7 +6,7 @@
 
 from typing import Any
 
-from shardmaker import compat
+from shardmaker import deprecation
 from shardmaker.builder.config import BuildConfig, BuildResult, part_manifest_name, shard_name
 from shardmaker.builder.merge import PartsPending, merge, merge_when_ready
 from shardmaker.builder.run import build, fingerprint, order_samples
@@ -26,4 +26,4 @@ __all__ = [
     "shard_name",
 ]
 
-__getattr__: Any = compat.module_getattr(__name__, {"BuildOptions": ("shardmaker.builder.BuildConfig", BuildConfig)})
+__getattr__: Any = deprecation.module_getattr(__name__, {"BuildOptions": ("shardmaker.builder.BuildConfig", BuildConfig)})

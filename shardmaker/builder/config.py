@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from shardmaker import compat
+from shardmaker import deprecation
 from shardmaker.builder.clipplan import ClipOptions
 from shardmaker.builder.sample import SampleConfig
 from shardmaker.builder.sources import Skipped, lr_name_pattern
@@ -37,7 +37,7 @@ class BuildConfig:
 
     def __post_init__(self, skip_errors: bool | None) -> None:
         if skip_errors is not None:
-            compat.warn("BuildConfig(skip_errors=...)", "BuildConfig(on_error=OnError.SKIP)", stacklevel=4)
+            deprecation.warn("BuildConfig(skip_errors=...)", "BuildConfig(on_error=OnError.SKIP)", stacklevel=4)
             object.__setattr__(self, "on_error", OnError.SKIP if skip_errors else OnError.FAIL)
         object.__setattr__(self, "on_error", OnError(self.on_error))
         if self.lr_pattern is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardmaker import compat
+from shardmaker import deprecation
 from shardmaker.builder.images import (
     AUTO_TILE_PIXELS,
     MAX_REGION,
@@ -187,4 +187,6 @@ def encode_or_skip(pair: Pair, cfg: SampleConfig, on_error: OnError) -> EncodedS
         return Skipped(exc.path, exc.reason)
 
 
-__getattr__ = compat.module_getattr(__name__, {"PROVIDED": ("shardmaker.builder.sample.LrMethod.PROVIDED", LrMethod.PROVIDED)})
+__getattr__ = deprecation.module_getattr(
+    __name__, {"PROVIDED": ("shardmaker.builder.sample.LrMethod.PROVIDED", LrMethod.PROVIDED)}
+)

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from shardmaker import compat
+from shardmaker import deprecation
 from wdsr import seeds
 from wdsr.bounds import check_multiple
 from wdsr.pipeline.augment import chw_shape, write_chw
@@ -196,7 +196,7 @@ def cut_patches(pair: Pair, spec: PatchConfig, seed: int, epoch: int, first: int
     return pair.cut(spec, draw_base(seed, epoch, pair.key), first, count)
 
 
-__getattr__ = compat.module_getattr(
+__getattr__ = deprecation.module_getattr(
     __name__,
     {"PatchSpec": ("wdsr.pipeline.patches.PatchConfig", PatchConfig), "key_hash": ("wdsr.seeds.key_hash", seeds.key_hash)},
 )

@@ -26,7 +26,7 @@ from typing import Any
 
 import fsspec
 
-from shardmaker import compat, storage
+from shardmaker import deprecation, storage
 from shardmaker import format as fmt
 from shardmaker.errors import InputError
 from shardmaker.format import Manifest, ShardInfo
@@ -482,4 +482,4 @@ def _members(
     return out
 
 
-__getattr__ = compat.module_getattr(__name__, {"ReadOptions": ("wdsr.pipeline.read.ReadConfig", ReadConfig)})
+__getattr__ = deprecation.module_getattr(__name__, {"ReadOptions": ("wdsr.pipeline.read.ReadConfig", ReadConfig)})

@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from shardmaker import compat
+from shardmaker import deprecation
 from shardmaker import format as fmt
 from wdsr.dataset import SRDataset
 from wdsr.loader import make_loader
@@ -77,7 +77,7 @@ def bench_stream(
 ) -> BenchResult:
     """Stream ``url`` for ``seconds`` after a warm-up; ``read`` goes to SRDataset (read_ahead, cache_dir, ...)."""
     if "k" in read:
-        compat.warn("bench_stream(k=...)", "bench_stream(patches_per_image=...)")
+        deprecation.warn("bench_stream(k=...)", "bench_stream(patches_per_image=...)")
         patches_per_image = read.pop("k")
     t_start = time.perf_counter()
     ds = SRDataset(

@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import Any
 
-from shardmaker.clikit import OneLineParser, configure_logging, error_exit, parse_args, parse_size
+from shardmaker.commandline import OneLineParser, configure_logging, error_exit, parse_args, parse_size
 from shardmaker.exitcodes import ExitCode
 from wdsr.bounds import default_of
 from wdsr.config import DatasetConfig

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from shardmaker import compat, storage
-from shardmaker.clikit import parse_size
+from shardmaker import deprecation, storage
+from shardmaker.commandline import parse_size
 from shardmaker.errors import brief
 from wdsr.bounds import Bound, bounded, bounds, check_multiple, check_number
 from wdsr.config import LIMITS, MAX_PATH_CHARS, DatasetConfig
@@ -119,7 +119,7 @@ class TrainConfig:
 
     def __getattr__(self, name: str) -> Any:  # cfg.patch_size and the like: moved to cfg.dataset (0.2)
         if name in DATASET_KEYS:
-            compat.warn(f"TrainConfig.{name}", f"TrainConfig.dataset.{name}")
+            deprecation.warn(f"TrainConfig.{name}", f"TrainConfig.dataset.{name}")
             return getattr(self.dataset, name)
         raise AttributeError(f"'TrainConfig' object has no attribute {name!r}")
 

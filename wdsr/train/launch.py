@@ -18,7 +18,7 @@ from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure, record
 
-from shardmaker.clikit import configure_logging
+from shardmaker.commandline import configure_logging
 from shardmaker.exitcodes import ExitCode
 
 log = logging.getLogger("wdsr")
