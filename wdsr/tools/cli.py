@@ -209,6 +209,12 @@ def _train_parser(sub: Any) -> None:
     t.add_argument("--val-tile", type=int, help="validate in LR tiles of this side (large images); default whole images")
     t.add_argument("--log-every", type=int, help="log every N steps (default 50)")
     t.add_argument("--ckpt-every", type=int, help="checkpoint every N steps (default 1000; always at the end)")
+    t.add_argument(
+        "--ckpt-minutes",
+        type=float,
+        metavar="M",
+        help="also checkpoint once M minutes passed since the last one (rank 0's clock; 0 = off, the default)",
+    )
     t.add_argument("--keep-ckpts", type=int, help="checkpoints kept (default 3; 0 = all)")
     t.add_argument("--seed", type=int, help="seed of the weights, patch positions and shuffles (default 0)")
     t.add_argument("--on-error", choices=["fail", "skip"], help="bad samples: stop (default) or skip them, counted")

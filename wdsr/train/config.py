@@ -87,6 +87,7 @@ class TrainConfig:
     val_tile: int | None = None
     log_every: int = 50
     ckpt_every: int = 1000
+    ckpt_minutes: float | None = None  # also a checkpoint once this many minutes passed (rank 0's clock); 0/None: off
     keep_ckpts: int = 3
     resume: bool = False
     check: bool = False  # validate settings, data and --out, then stop (a pre-flight init container)
@@ -177,6 +178,7 @@ TRAIN_LIMITS: dict[str, tuple[float, float, bool]] = {
     "val_tile": (1, 1 << 20, False),
     "log_every": (1, BIG, False),
     "ckpt_every": (0, BIG, False),
+    "ckpt_minutes": (0.0, 10**6, False),
     "keep_ckpts": (0, 10**6, False),
     "workers": (0, 256, False),
     "clip_frames": (1, MAX_FRAMES, False),
