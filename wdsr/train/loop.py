@@ -403,8 +403,6 @@ def _loop(
                     win.steps += 1
                     win.loss += loss  # read at log and checkpoint steps only: no device sync per step
                     verdict = vote.read()  # cast after the previous step: the same answer on every rank
-                    if step < total and not verdict.stop:
-                        vote.cast(stop.requested)  # read after the next step
                     if bar is not None:
                         bar.update(1)
                     if step % cfg.log_every == 0 or step == total or verdict.stop:
@@ -419,6 +417,8 @@ def _loop(
                         vote.checkpointed()
                     if verdict.stop:
                         break
+                    if step < total:
+                        vote.cast(stop.requested)  # read after the next step, which hides its cost
             finally:
                 if hasattr(it, "close"):
                     it.close()
