@@ -149,9 +149,23 @@ def weights_digest(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def _exit_before_training(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def train(cfg: TrainConfig) -> int:
     """Run the loop; returns the exit status: 0 when finished or stopped by SIGTERM,
-    ``EXIT_PEER_STOPPED`` (75) when stopped because another rank was (rerun with ``--resume``)."""
+    ``EXIT_PEER_STOPPED`` (75) when stopped because another rank was (rerun with ``--resume``).
+    SIGTERM before the loop (the ``--check`` pre-flight, the rendezvous) exits at once with 143: a process
+    with a handler gets the signal even as a container's PID 1, where the kernel drops an unhandled one."""
+    previous = signal.signal(signal.SIGTERM, _exit_before_training)
+    try:
+        return _train(cfg)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _train(cfg: TrainConfig) -> int:
     train_ds, val_ds = open_data(cfg)
     run = RunDir(cfg.out)
     resume_state = run.load_latest() if cfg.resume else None
