@@ -174,3 +174,73 @@ def test_the_build_jobset_builds_then_merges_from_s3(s3, tmp_path):
     run_all([Pod(jobs["parts"], objects, i, tmp_path / f"part-{i}", overrides, {}) for i in range(n)], "containers", timeout=300)
     run_all([Pod(jobs["merge"], objects, 0, tmp_path / "merge", overrides, {})], "containers", timeout=120)
     assert verify(env["DATA_URL"], deep=False, progress=False) == []
+
+
+# ---- what a restart costs ---------------------------------------------------------------------------
+def _cache_files(pod_dir: Path) -> dict[str, int]:
+    cache = pod_dir / "scratch" / "shard-cache"
+    return {p.name: p.stat().st_size for p in cache.rglob("*.tar")} if cache.is_dir() else {}
+
+
+@pytest.mark.slow
+def test_what_a_jobset_restart_costs_with_cold_caches(s3, s3_photo_shards, tmp_path):
+    """local-dev's JobSet at 3 nodes, pod 2 preempted after a checkpoint: every pod is recreated with empty
+    emptyDirs. Measured (printed; the numbers in docs/kubernetes.md): pods restarted, pod-seconds from the
+    preemption until training goes on (rank 0's first step after its resume), and the shard bytes the
+    replacements fetched again that the pods they replaced had cached."""
+    from tests.k8sctl import JobSetModel
+    from tests.k8sgang import Gang
+    from tests.s3server import free_port
+
+    nodes, steps = 3, 24
+    objects = render(K8S / "overlays" / "local-dev" / "train-jobset")
+    objects.append(find(render(K8S / "overlays" / "local-dev" / "s3"), "Secret", "wdsr-s3"))
+    overrides = {k: v for k, v in s3.env().items() if k in objects[-1]["stringData"]}
+    find(objects, "ConfigMap", "wdsr-env")["data"].update({"NNODES": str(nodes), "DATA_URL": s3_photo_shards})
+    cm = find(objects, "ConfigMap", "wdsr-train")
+    settings = yaml.safe_load(cm["data"]["train.yaml"])
+    settings.update({"out": f"file://{tmp_path / 'out'}", "steps": steps, "log-every": 1, "ckpt-every": 5})
+    cm["data"]["train.yaml"] = yaml.safe_dump(settings)
+    js = find(objects, "JobSet", "wdsr-train")
+    spec = js["spec"]["replicatedJobs"][0]["template"]["spec"]
+    spec["completions"] = spec["parallelism"] = nodes
+    spec["template"]["spec"]["terminationGracePeriodSeconds"] = 30
+    job = child_jobs(js)["node"]
+    addr = f"--master-addr={js['metadata']['name']}-node-0-0.{js['metadata']['name']}"
+    hosts = {addr: "--master-addr=127.0.0.1", "--master-port=29500": f"--master-port={free_port()}"}
+    gang = Gang(job, objects, tmp_path / "pods", JobSetModel(js), overrides, hosts)
+    marks: dict[str, float] = {}
+
+    def chaos(g: Gang) -> None:
+        import time
+
+        try:
+            log = g.pod_log(0, "train")
+        except (OSError, IndexError):
+            return
+        if "preempted" not in marks and "wdsr: checkpoint: " in log and g.attempts.get(0) == 0:
+            marks["preempted"] = time.monotonic()
+            g.preempt(2)
+        elif "preempted" in marks and "resumed" not in marks and g.attempts.get(0) == 1:
+            if "resuming at step" in log and any(
+                line.startswith("wdsr: step ") for line in log.split("resuming at step", 1)[1].splitlines()
+            ):
+                marks["resumed"] = time.monotonic()
+
+    gang.run(timeout=400, chaos=chaos)
+    assert gang.model.state == "Complete" and gang.model.restarts == 1 and gang.model.counted == 0, gang.events
+    restarted = sum(1 for i in range(nodes) if gang.attempts[i] == 1)
+    refetched = total = 0
+    for i in range(nodes):
+        before, after = (
+            _cache_files(tmp_path / "pods" / f"{job['metadata']['name']}-{i}-a0"),
+            _cache_files(tmp_path / "pods" / f"{job['metadata']['name']}-{i}-a1"),
+        )
+        total += sum(before.values())
+        refetched += sum(size for name, size in after.items() if name in before)
+    pause = marks["resumed"] - marks["preempted"]
+    print(
+        f"\nrestart cost: {restarted} pods restarted, {restarted * pause:.0f} pod-seconds ({pause:.1f} s each)"
+        f" from the preemption to rank 0's first step after the resume; {refetched} of {total} cached shard bytes fetched again"
+    )
+    assert restarted == nodes and pause > 0 and 0 < refetched <= total
