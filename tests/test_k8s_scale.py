@@ -280,9 +280,9 @@ def test_trainjob_streams_from_s3_and_leaves_rendezvous_to_the_trainer(tmp_path)
     assert trainjob["spec"]["trainer"]["args"][0].count("--data=$(DATA_URL)") == 2  # the check and the run
     script = " ".join(trainjob["spec"]["trainer"]["command"] + trainjob["spec"]["trainer"]["args"])
     check, run = script.split(" && ")
-    assert check.endswith("wdsr train --config=/etc/wdsr/train.yaml --data=$(DATA_URL) --resume --check") and run.startswith(
-        "exec python -m wdsr.train.launch "
-    )
+    assert check.endswith(
+        "wdsr train --config=/etc/wdsr/train.yaml --data=$(DATA_URL) --resume --check & wait $!"
+    ) and run.startswith("exec python -m wdsr.train.launch ")
     assert not re.search(r"--(nnodes|nproc|node-rank|master|rdzv)", run)  # torchrun reads PET_* instead
     node = main_container(
         trainjob_to_jobset(trainjob, find(objects, "TrainingRuntime", "wdsr-torch-distributed"))["spec"]["replicatedJobs"][0][

@@ -193,12 +193,11 @@ def _train_parser(sub: Any) -> None:
         "step, epoch, loss, lr, patches_per_s (all ranks) and data_wait (share of step time spent\n"
         "waiting for the next batch: near 0 means the loader keeps up). Validation lines carry\n"
         "psnr_y/ssim_y. Checkpoints go to OUT/checkpoints/, OUT/latest.json names the newest.\n"
-        "SIGTERM (Kubernetes preemption) finishes the step, writes a checkpoint and exits 0;\n"
-        "a second SIGTERM exits at once. --resume continues from OUT/latest.json (or starts\n"
-        "fresh if there is none) at the exact batch of the checkpoint: the same world gets the\n"
-        "batches an uninterrupted run would have had; another number of ranks or --workers\n"
-        "re-plans the rest of that epoch over them. Config file keys are the flag names; flags\n"
-        "override the file.",
+        "SIGTERM (Kubernetes preemption): every rank stops after the next step, a checkpoint is written\n"
+        "(by a rank that was not told to stop) and exits 0; a second SIGTERM exits at once. --resume continues\n"
+        "from OUT/latest.json (or starts fresh if there is none) at the exact batch of the checkpoint; another\n"
+        "number of ranks or --workers re-plans the rest of that epoch over them. Config file keys are the flag\n"
+        "names; flags override the file.",
         epilog="example:\n  wdsr train --data demo-out/shards --val-data demo-out/shards --out demo-out/run \\\n"
         "             --model espcn --patch-size 96 --steps 200 --workers 2\n"
         "  torchrun --nproc-per-node 8 -m wdsr train --config train.yaml --resume",
@@ -282,6 +281,9 @@ def _train_run_flags(t: argparse.ArgumentParser) -> None:
     t.add_argument("--log-every", type=int, help=f"log every N steps (default {_default('log_every')})")
     t.add_argument(
         "--ckpt-every", type=int, help=f"checkpoint every N steps (default {_default('ckpt_every')}; always at the end)"
+    )
+    t.add_argument(
+        "--ckpt-minutes", type=float, metavar="M", help="also checkpoint every M minutes (rank 0's clock; default off)"
     )
     t.add_argument("--keep-ckpts", type=int, help=f"checkpoints kept (default {_default('keep_ckpts')}; 0 = all)")
     t.add_argument("--seed", type=int, help=f"seed of the weights, patch positions and shuffles (default {_default('seed')})")

@@ -96,6 +96,7 @@ class TrainConfig:
     val_tile: int | None = bounded(None, 1, 1 << 20, integer=True)
     log_every: int = bounded(50, 1, BIG)
     ckpt_every: int = bounded(1000, 0, BIG)
+    ckpt_minutes: float | None = bounded(None, 0.0, 10**6, integer=False)  # also every M minutes (rank 0's clock); 0/None: off
     keep_ckpts: int = bounded(3, 0, 10**6)
     resume: bool = False
     check: bool = False  # validate settings, data and --out, then stop (a pre-flight init container)

@@ -29,10 +29,12 @@ class MetricsLog:
     history of earlier attempts is carried over up to ``start``, the step this attempt starts from
     (:mod:`wdsr.train.history`)."""
 
-    def __init__(self, run: RunDir, cfg: TrainConfig, start: int = 0) -> None:
+    def __init__(self, run: RunDir, cfg: TrainConfig, start: int = 0, standby: bool = False) -> None:
         self.run = run
         if run.local:
             folder = Path(run.root)
+        elif standby:  # another rank taking over from rank 0: never rank 0's --log-dir (the same on one node)
+            folder = Path(tempfile.mkdtemp(prefix="wdsr-train-standby-"))
         else:
             folder = Path(cfg.log_dir or tempfile.mkdtemp(prefix="wdsr-train-"))
         folder.mkdir(parents=True, exist_ok=True)
@@ -40,7 +42,7 @@ class MetricsLog:
         history.restore(run, self.path, start)
         self.tb = None
         self.tb_uploads: history.Uploads | None = None
-        if cfg.tensorboard:
+        if cfg.tensorboard and not standby:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
@@ -77,6 +79,53 @@ class MetricsLog:
             self.tb_uploads.sync()
 
 
+class Standby:
+    """Rank 0's stand-in on another rank of a run: the records logged since rank 0 last brought OUT's
+    history up to date (every rank computes the same records), so that this rank can write a preemption
+    checkpoint, with OUT's history up to its step, when rank 0's node is going away (:meth:`take_over`).
+    TensorBoard files rank 0 wrote since its last sync are not carried over."""
+
+    def __init__(self, run: RunDir, cfg: TrainConfig, start: int = 0) -> None:
+        self.run, self.cfg = run, cfg
+        self.synced_at = start  # OUT's history reaches this step (rank 0's start or its last sync)
+        self.records: list[dict[str, Any]] = []
+        self.log: MetricsLog | None = None  # once this rank records for the run
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.log is not None:
+            self.log.write(record)
+        else:
+            self.records.append(record)
+
+    def synced(self, step: int) -> None:
+        """Rank 0 (or a rank that took over) brought OUT's history up to ``step``."""
+        self.synced_at = step
+        self.records.clear()
+
+    def take_over(self, step: int) -> None:
+        """Record for the run from ``step`` on (rank 0 stops recording): a local OUT's file already holds
+        every line up to ``step`` (rank 0 wrote each one there); a remote OUT's holds those up to the last
+        sync, and the records since are added here."""
+        if self.log is not None:
+            return
+        self.log = MetricsLog(self.run, self.cfg, step if self.run.local else self.synced_at, standby=True)
+        if not self.run.local:
+            for record in self.records:
+                self.log.write(record)
+        self.records.clear()
+
+    def sync(self) -> None:
+        if self.log is not None:
+            self.log.sync()
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+
+
+Recorder = MetricsLog | Standby  # rank 0's MetricsLog, another rank's Standby
+
+
 def progress_bar(ctx: Ctx, total: int, step: int) -> Any:
     """Rank 0's tqdm bar on a terminal (None elsewhere); ``log_window`` sets its loss and patches/s."""
     if ctx.rank != 0 or not sys.stderr.isatty():
@@ -86,10 +135,12 @@ def progress_bar(ctx: Ctx, total: int, step: int) -> Any:
     return tqdm(total=total, initial=step, unit="step", dynamic_ncols=True)
 
 
-def emit(metrics: MetricsLog | None, bar: Any, record: dict[str, Any], text: str) -> None:
+def emit(metrics: Recorder | None, bar: Any, record: dict[str, Any], text: str) -> None:
     if metrics is None:
         return
     metrics.write(record)
+    if isinstance(metrics, Standby):  # rank 0 says it
+        return
     if bar is not None:
         bar.write("wdsr: " + text)
     else:
@@ -121,7 +172,7 @@ def diverged_message(cfg: TrainConfig, run: RunDir | None, step: int, what: str)
 
 
 def log_window(
-    cfg: TrainConfig, ctx: Ctx, metrics: MetricsLog | None, bar: Any, win: Window, step: int, epoch: int, lr: float
+    cfg: TrainConfig, ctx: Ctx, metrics: Recorder | None, bar: Any, win: Window, step: int, epoch: int, lr: float
 ) -> None:
     now = time.perf_counter()
     elapsed = max(now - win.t, 1e-9)
@@ -149,7 +200,7 @@ def log_window(
     win.t, win.wait, win.steps, win.loss = now, 0.0, 0, torch.zeros_like(win.loss)
 
 
-def log_val(cfg: TrainConfig, ctx: Ctx, metrics: MetricsLog | None, bar: Any, sums: list[float], step: int, epoch: int) -> None:
+def log_val(cfg: TrainConfig, ctx: Ctx, metrics: Recorder | None, bar: Any, sums: list[float], step: int, epoch: int) -> None:
     psnr, ssim, n = ctx.all_sum(sums)
     if n == 0:
         return

@@ -1,13 +1,16 @@
 """``wdsr train``: the reference DDP training loop (L1, Adam, AMP), fed by an SRDataset.
 
 One process, or one per GPU/CPU slot under ``torchrun`` (rank and world from its environment).
-Rank 0 logs, validates the gathered results and writes checkpoints; SIGTERM finishes the
-step, checkpoints and exits 0 (every rank stops at the same step). Image datasets train an image
+Rank 0 logs, validates the gathered results and writes checkpoints (every ``--ckpt-every`` steps, and
+once ``--ckpt-minutes`` passed on rank 0's clock). SIGTERM: every rank stops at the same step (the one
+after the per-step vote that saw it: :mod:`wdsr.train.vote`) and a checkpoint is written, by the lowest
+rank that was not told to stop (its node is not going away); the rank told exits 0. Image datasets train an image
 model on patches, clip datasets a video model on windows of frames (``--clip-frames``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -32,9 +35,10 @@ from wdsr.store import urls
 from wdsr.train.checkpoint import FORMAT, Diverged, RunDir, RunError
 from wdsr.train.config import Amp, ConfigError, Schedule, TrainConfig
 from wdsr.train.context import Ctx, setup
-from wdsr.train.logbook import MetricsLog, Window, diverged_message, log_val, log_window, progress_bar
+from wdsr.train.logbook import MetricsLog, Recorder, Standby, Window, diverged_message, log_val, log_window, progress_bar
 from wdsr.train.models import build_model
 from wdsr.train.validate import validate
+from wdsr.train.vote import Verdict, Vote
 
 log = logging.getLogger("wdsr")
 
@@ -45,7 +49,7 @@ EXIT_PEER_STOPPED = 75
 
 
 class StopFlag:
-    """First SIGTERM: stop after this step (checkpoint, exit 0). A second one: exit at once."""
+    """First SIGTERM: stop once every rank knows (the next step; checkpoint, exit 0). A second one: exit at once."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -58,7 +62,7 @@ class StopFlag:
         if self.requested:
             os._exit(128 + signum)
         self.requested = True
-        log.warning("SIGTERM: finishing this step, then writing a checkpoint and exiting (again to exit at once)")
+        log.warning("SIGTERM: stopping after the next step, then writing a checkpoint and exiting (again to exit at once)")
 
 
 def open_data(cfg: TrainConfig) -> tuple[SRDataset, SRDataset | None]:
@@ -145,9 +149,23 @@ def weights_digest(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def _exit_before_training(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def train(cfg: TrainConfig) -> int:
     """Run the loop; returns the exit status: 0 when finished or stopped by SIGTERM,
-    ``EXIT_PEER_STOPPED`` (75) when stopped because another rank was (rerun with ``--resume``)."""
+    ``EXIT_PEER_STOPPED`` (75) when stopped because another rank was (rerun with ``--resume``).
+    SIGTERM before the loop (the ``--check`` pre-flight, the rendezvous) exits at once with 143: a process
+    with a handler gets the signal even as a container's PID 1, where the kernel drops an unhandled one."""
+    previous = signal.signal(signal.SIGTERM, _exit_before_training)
+    try:
+        return _train(cfg)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _train(cfg: TrainConfig) -> int:
     train_ds, val_ds = open_data(cfg)
     run = RunDir(cfg.out)
     resume_state = run.load_latest() if cfg.resume else None
@@ -290,18 +308,36 @@ def _checkpoint(
     m: _Model,
     loader: SRLoader,
     step: int,
-    metrics: MetricsLog | None,
+    metrics: Recorder | None,
     win: Window | None = None,
+    writer: int = 0,
 ) -> None:
-    """Rank 0 writes; the epoch recorded is the one to continue (a finished epoch counts as the next).
-    Never weights that went inf/NaN: every rank checks, all stop with :class:`Diverged` together."""
+    """Rank ``writer`` writes (0, or at a preemption the lowest rank not told to stop: the others wait for
+    it); the epoch recorded is the one to continue (a finished epoch counts as the next). Never weights
+    that went inf/NaN: every rank checks, all stop with :class:`Diverged` together."""
     bad = _finite(m, win)
     if ctx.all_sum([1.0 if bad else 0.0])[0] > 0:
         raise Diverged(diverged_message(cfg, run, step, bad or "another rank's loss or weights"))
-    if ctx.rank != 0:
-        return
+    if ctx.rank == writer:
+        state = _state(cfg, ctx, m, loader, step)
+        assert metrics is not None
+        if isinstance(metrics, Standby):
+            metrics.take_over(step)  # rank 0's node is going away: this rank records the run from here
+        metrics.sync()  # first: OUT's history always reaches the step latest.json names (history.py)
+        where = run.save(state, step, cfg.keep_ckpts)
+        by = f" (written by rank {writer}: rank 0 was told to stop)" if writer else ""
+        log.info("checkpoint: %s%s", where, by)
+    elif isinstance(metrics, Standby):
+        metrics.synced(step)
+    if writer != 0:  # a preemption: no rank exits before the checkpoint is complete
+        dist.barrier(group=ctx.cpu_group)
+
+
+def _state(cfg: TrainConfig, ctx: Ctx, m: _Model, loader: SRLoader, step: int) -> dict[str, Any]:
+    """What a checkpoint holds: the same on every rank (DDP keeps the weights and the optimizer in step; the
+    data position is global), so any rank may write it."""
     at = loader.state_dict()  # the data position, which also knows a re-planned (elastic) epoch
-    state = {
+    return {
         "format": FORMAT,
         "step": step,
         "epoch": at["epoch"],
@@ -315,10 +351,23 @@ def _checkpoint(
         "rng": {"torch": torch.get_rng_state()},
         "config": cfg.dict,
     }
-    assert metrics is not None
-    metrics.sync()  # first: OUT's history always reaches the step latest.json names (history.py)
-    where = run.save(state, step, cfg.keep_ckpts)
-    log.info("checkpoint: %s", where)
+
+
+def _recorder(cfg: TrainConfig, ctx: Ctx, run: RunDir, m: _Model, loader: SRLoader, total: int, step: int) -> Recorder | None:
+    """Rank 0's MetricsLog (the history of earlier attempts, up to ``step``); another rank's Standby."""
+    if ctx.rank != 0:
+        return Standby(run, cfg, step) if ctx.world > 1 else None
+    run.start(cfg.dict)
+    metrics = MetricsLog(run, cfg, step)
+    amp = {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[m.amp_dtype]
+    clip, degrade = cfg.dataset.clip, cfg.dataset.degrade
+    what = "" if clip is None else f" (windows of {clip.frames} frames, {clip.window})"
+    what += "" if degrade is None else f" (LR made on the device: {type(degrade).__name__})"
+    log.info(
+        "training %s x%d on %s%s: %d batches/epoch/rank, %d ranks, %d steps, amp %s, device %s",
+        *(cfg.model.value, cfg.dataset.scale, cfg.data, what, len(loader), ctx.world, total, amp, ctx.device),
+    )
+    return metrics
 
 
 def _loop(
@@ -337,26 +386,16 @@ def _loop(
     step = int(state["step"]) if state is not None else 0
     if state is not None:
         _resume_data(loader, state, step, ctx.rank)  # the loader now knows the epoch and batch to continue at
-    metrics: MetricsLog | None = None
-    if ctx.rank == 0:
-        run.start(cfg.dict)
-        metrics = MetricsLog(run, cfg, step)  # the history of earlier attempts, up to this step
-        amp = {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[m.amp_dtype]
-        clip, degrade = cfg.dataset.clip, cfg.dataset.degrade
-        what = "" if clip is None else f" (windows of {clip.frames} frames, {clip.window})"
-        what += "" if degrade is None else f" (LR made on the device: {type(degrade).__name__})"
-        log.info(
-            "training %s x%d on %s%s: %d batches/epoch/rank, %d ranks, %d steps, amp %s, device %s",
-            *(cfg.model.value, cfg.dataset.scale, cfg.data, what, len(loader), ctx.world, total, amp, ctx.device),
-        )
+    metrics = _recorder(cfg, ctx, run, m, loader, total, step)
     degrade = cfg.dataset.degrade
     degrader = Degrader(degrade).to(ctx.device) if degrade is not None else None
     bar = progress_bar(ctx, total, step)
     win = Window(time.perf_counter(), 0.0, 0, torch.zeros((), device=ctx.device))
     last_ckpt = step if state is not None else -1
-    stopped = False
+    vote = Vote(ctx, cfg.ckpt_minutes)
+    verdict = Verdict(world=ctx.world)
     try:
-        while step < total and not stopped:
+        while step < total and not verdict.stop:
             it = iter(loader)  # the loader owns the epoch: the resumed one first, then one more per pass
             epoch = loader.epoch
             try:
@@ -377,42 +416,58 @@ def _loop(
                     step += 1
                     win.steps += 1
                     win.loss += loss  # read at log and checkpoint steps only: no device sync per step
-                    stopped = ctx.all_sum([1.0 if stop.requested else 0.0])[0] > 0
+                    verdict = vote.read()  # cast after the previous step: the same answer on every rank
                     if bar is not None:
                         bar.update(1)
-                    if step % cfg.log_every == 0 or step == total or stopped:
+                    if step % cfg.log_every == 0 or step == total or verdict.stop:
                         log_window(cfg, ctx, metrics, bar, win, step, epoch, step_lr)
                     if val_ds is not None and step % cfg.val_every == 0:
                         log_val(cfg, ctx, metrics, bar, validate(m.model, val_ds, cfg, ctx), step, epoch)
                         win.t = time.perf_counter()
-                    if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == total or stopped:
-                        _checkpoint(cfg, ctx, run, m, loader, step, metrics, win)
+                    periodic = cfg.ckpt_every and step % cfg.ckpt_every == 0
+                    if periodic or step == total or verdict.stop or verdict.checkpoint_due:
+                        _checkpoint(cfg, ctx, run, m, loader, step, metrics, win, verdict.writer if verdict.stop else 0)
                         last_ckpt = step
-                    if stopped:
+                        vote.checkpointed()
+                    if verdict.stop:
                         break
+                    if step < total:
+                        vote.cast(stop.requested)  # read after the next step, which hides its cost
             finally:
                 if hasattr(it, "close"):
                     it.close()
+        vote.drain()
         if last_ckpt != step:
             _checkpoint(cfg, ctx, run, m, loader, step, metrics, win)
     except Diverged:
-        if metrics is not None:  # the last line of metrics.jsonl says so (plots end there)
+        vote.drain()  # every rank raises at the same step, after casting the same votes
+        if isinstance(metrics, MetricsLog):  # the last line of metrics.jsonl says so (plots end there)
             metrics.write({"step": step, "epoch": loader.epoch, "event": "diverged"})
             metrics.sync()
             metrics.close()
         raise
-    _finish(ctx, m, metrics, bar, step, loader.state_dict()["epoch"], stopped)
-    return EXIT_PEER_STOPPED if stopped and not stop.requested else 0
+    except BaseException:
+        with contextlib.suppress(Exception):  # every rank cast it: waited for, none is left in flight
+            vote.drain()
+        raise
+    writer = verdict.writer if verdict.stop else 0
+    _finish(ctx, m, metrics if ctx.rank == writer else None, bar, step, loader.state_dict()["epoch"], verdict.stop)
+    if ctx.rank != writer and isinstance(metrics, MetricsLog):  # rank 0, told to stop: another rank recorded
+        metrics.close()
+    return EXIT_PEER_STOPPED if verdict.stop and not stop.requested else 0
 
 
-def _finish(ctx: Ctx, m: _Model, metrics: MetricsLog | None, bar: Any, step: int, epoch: int, stopped: bool) -> None:
-    """The last line of metrics.jsonl: whether the run finished or stopped, and the weights of every rank."""
+def _finish(ctx: Ctx, m: _Model, metrics: Recorder | None, bar: Any, step: int, epoch: int, stopped: bool) -> None:
+    """The last line of metrics.jsonl: whether the run finished or stopped, and the weights of every rank;
+    ``metrics`` is the recorder of the rank that writes it (None on the others)."""
     digests = [weights_digest(m.model)]
     if ctx.world > 1:
         gathered: list[Any] = [None] * ctx.world
         dist.all_gather_object(gathered, digests[0], group=ctx.cpu_group)
         digests = gathered
-    if metrics is None:  # not rank 0
+    if bar is not None:
+        bar.close()
+    if metrics is None:  # not the rank that records
         return
     record = {
         "step": step,
@@ -424,8 +479,6 @@ def _finish(ctx: Ctx, m: _Model, metrics: MetricsLog | None, bar: Any, step: int
     metrics.write(record)
     metrics.sync()
     metrics.close()
-    if bar is not None:
-        bar.close()
     log.info("%s at step %d (weights identical on all %d ranks: %s)", record["event"], step, ctx.world, record["weights_in_sync"])
 
 
