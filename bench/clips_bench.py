@@ -96,8 +96,9 @@ class RedsRecurrentLmdb(torch.utils.data.Dataset):
         return len(self.clips) * self.enlarge
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        import lmdb
         import random
+
+        import lmdb
 
         if self.envs is None:
             self.envs = tuple(lmdb.open(str(self.folder / n), readonly=True, lock=False, readahead=False) for n in ("hr.lmdb", "lr.lmdb"))

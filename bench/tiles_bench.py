@@ -34,8 +34,8 @@ import numpy as np
 from bench.common import machine_line, md_table, mosaic_4k, parser, real_photos, report
 from shardmaker.format import tiles as tl
 from shardmaker.imaging import Codec, TiledImage, decode, downscale, encode, encode_tiled, read_layout
-from wdsr.pipeline.decode import DecodedPair
 from wdsr.pipeline.patches import PatchConfig, cut_patches
+from wdsr.pipeline.whole import DecodedPair
 from wdsr.tools.bench import bench_stream
 
 SCALE, PATCH, TILE = 4, 192, 256

@@ -123,7 +123,8 @@ CAPPED = """
 import json, resource, sys, traceback
 import wdsr, wdsr.wds as sr
 from shardmaker import imaging
-from wdsr.pipeline.decode import Verify, decode_pair
+from wdsr.pipeline.checks import Verify
+from wdsr.pipeline.decode import decode_pair
 from wdsr.pipeline.read import RawSample
 from wdsr.tools.upscale import read_image
 

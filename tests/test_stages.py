@@ -12,10 +12,10 @@ from tests.helpers import photos
 from wdsr import env
 from wdsr.errors import SampleError
 from wdsr.pipeline.augment import N_DIHEDRAL, dihedral_view, to_chw
-from wdsr.pipeline.decode import DecodedPair
 from wdsr.pipeline.handoff import BatchPool, is_slot
 from wdsr.pipeline.patches import Patch, PatchConfig, cut_patches
 from wdsr.pipeline.shuffle import shuffled
+from wdsr.pipeline.whole import DecodedPair
 
 
 # ---- shuffle ----------------------------------------------------------------------------------------

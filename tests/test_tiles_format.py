@@ -16,8 +16,8 @@ from shardmaker.format import tiles as tl
 from shardmaker.imaging import Codec, TiledImage, downscale, encode
 from shardmaker.imaging.tiled import decode_region, encode_tiled, read_layout
 from tests.helpers import photos
-from wdsr.pipeline.decode import DecodedPair
 from wdsr.pipeline.patches import PatchConfig, cut_patches
+from wdsr.pipeline.whole import DecodedPair
 
 
 def _kinds() -> list[tuple[str, np.ndarray, Codec]]:

@@ -32,8 +32,9 @@ from shardmaker import format as fmt
 from shardmaker.errors import brief
 from wdsr.errors import SampleError
 from wdsr.pipeline.batch import collate
-from wdsr.pipeline.decode import DecodedPair, Kind, Verify, check_digests, check_headers, decode_members
+from wdsr.pipeline.checks import Kind, Verify, check_digests, check_headers
 from wdsr.pipeline.patches import Patch, PatchConfig, cut_patches
+from wdsr.pipeline.whole import DecodedPair, decode_members
 
 
 def _member(sample: dict[str, Any], want: str | None, prefix: str) -> str:

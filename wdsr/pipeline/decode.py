@@ -17,24 +17,12 @@ from shardmaker import format as fmt
 from shardmaker.format import Manifest
 from wdsr.errors import SampleError
 from wdsr.pipeline import kinds
-from wdsr.pipeline.checks import Kind, Verify, check_digests, check_headers
+from wdsr.pipeline.checks import Kind, Verify
 from wdsr.pipeline.patches import Pair
 from wdsr.pipeline.read import RawSample
-from wdsr.pipeline.sample import DecodeSpec, LrMode, is_clip_dataset
-from wdsr.pipeline.whole import DecodedPair, decode_members
+from wdsr.pipeline.sample import DecodeSpec, LrMode
 
-__all__ = [  # the checks and the whole-image pair are read here too (wdsr.wds, wdsr.tools, wdsr.train)
-    "DecodedPair",
-    "Kind",
-    "Verify",
-    "check_digests",
-    "check_headers",
-    "decode_members",
-    "decode_pair",
-    "decode_sample",
-    "is_clip_dataset",
-    "wanted_members",
-]
+__all__ = ["decode_pair", "decode_sample", "wanted_members"]
 
 
 def wanted_members(m: Manifest, scale: int, lr_mode: str = "stored") -> frozenset[str]:

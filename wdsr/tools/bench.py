@@ -22,7 +22,8 @@ from shardmaker import deprecation
 from shardmaker import format as fmt
 from wdsr.dataset import SRDataset
 from wdsr.loader import make_loader
-from wdsr.pipeline.decode import Verify, decode_pair, wanted_members
+from wdsr.pipeline.checks import Verify
+from wdsr.pipeline.decode import decode_pair, wanted_members
 from wdsr.pipeline.plan import Span
 from wdsr.pipeline.read import ShardReader
 from wdsr.pipeline.worker import worker_init

@@ -20,9 +20,9 @@ from wdsr.dataset import SRDataset
 from wdsr.degrade import Degrader
 from wdsr.errors import SampleError
 from wdsr.pipeline.batch import collate
-from wdsr.pipeline.decode import DecodedPair
 from wdsr.pipeline.degraded import as_batch, param_rows
 from wdsr.pipeline.patches import Patch, PatchConfig, cut_patches
+from wdsr.pipeline.whole import DecodedPair
 
 LABEL_H = 12  # pixels of the label line above each row
 # transform t: rotate t % 4 quarter turns counter-clockwise, then mirror left-right if t >= 4

@@ -30,7 +30,7 @@ from shardmaker.errors import brief
 from wdsr.dataset import SRDataset
 from wdsr.degrade import Degrader
 from wdsr.loader import LoaderStateError, SRLoader, make_loader, sample_meta, to_float
-from wdsr.pipeline.decode import is_clip_dataset
+from wdsr.pipeline.sample import is_clip_dataset
 from wdsr.store import urls
 from wdsr.train.checkpoint import FORMAT, Diverged, RunDir, RunError
 from wdsr.train.config import Amp, ConfigError, Schedule, TrainConfig
