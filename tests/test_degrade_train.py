@@ -51,6 +51,27 @@ def test_train_from_hr_alone_and_resume_to_the_same_weights(hr_only, tmp_path):
     assert _last_weights(tmp_path / "other") != _last_weights(tmp_path / "straight")
 
 
+def test_a_resume_keeps_the_runs_thread_count(hr_only, tmp_path):
+    """Float sums split over another number of intra-op threads round differently (a resumed run's
+    weights then differ from the straight run's, its losses equal to 7 digits): a run pins its thread
+    count and a resume takes the checkpoint's, whatever this process's count became in between (a
+    library or torchrun's OMP_NUM_THREADS=1, another node's cores; a busy machine's suite run saw it)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if threads < 2:
+        pytest.skip("one intra-op thread here: no other count to resume with")
+    assert _train(hr_only, tmp_path / "straight", "--steps", "6") == 0
+    assert _train(hr_only, tmp_path / "resumed", "--steps", "3") == 0
+    try:
+        torch.set_num_threads(1)  # the process the run resumes in has another count
+        assert _train(hr_only, tmp_path / "resumed", "--steps", "6", "--resume") == 0
+        assert torch.get_num_threads() == 1  # the run's count was the run's: the caller's is back
+    finally:
+        torch.set_num_threads(threads)
+    assert _last_weights(tmp_path / "resumed") == _last_weights(tmp_path / "straight")
+
+
 def test_degrade_settings(tmp_path):
     cfg = make_config({"data": "/d", "out": "/o", "degrade": "bsrgan", "scale": 2, "patch_size": 96})
     assert cfg.dataset.degrade == wdsr.BSRGANConfig(scale=2, gt_size=96) and cfg.dict["degrade"] == "bsrgan"

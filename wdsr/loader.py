@@ -18,11 +18,13 @@ from wdsr.pipeline.degraded import as_batch
 from wdsr.pipeline.handoff import BatchPool, is_slot
 from wdsr.pipeline.plan import Span
 from wdsr.pipeline.worker import tune_malloc, worker_init
+from wdsr.pipeline.workers import WorkerDied, check, detach, watched
 from wdsr.state import LoaderStateError, WorldChanged
 
 __all__ = [
     "LoaderStateError",
     "SRLoader",
+    "WorkerDied",
     "WorldChanged",
     "default_prefetch",
     "make_loader",
@@ -118,7 +120,12 @@ class SRLoader(DataLoader):
         self._passes += 1
         self._control[0], self._control[1] = epoch, start
         self._control[2], self._control[3], self._control[4] = origin if origin is not None else (0, 0, 0)
-        return self._batches(super().__iter__())
+        try:
+            inner = super().__iter__()  # persistent workers: a new pass waits for each of them
+        except RuntimeError as exc:
+            check(self._iterator, exc)
+        detach(inner)  # a dead worker is reported by the next fetch, never in the trainer's own code
+        return self._batches(inner)
 
     def pass_length(self) -> int:
         """Batches of the current pass: ``len(loader)``, or that of the rest of an epoch re-planned
@@ -129,10 +136,11 @@ class SRLoader(DataLoader):
     def _batches(self, inner: Any) -> Iterator[Any]:
         """Batches from the DataLoader, taken out of their pool slots and counted; workers that
         are not persistent are shut down as soon as the pass ends or fails, not whenever garbage
-        collection gets to the iterator (which stalled exits by seconds)."""
+        collection gets to the iterator (which stalled exits by seconds). A dead worker is one
+        :class:`WorkerDied` here, whichever check noticed it."""
         pool, pin = self._pool, self._pin
         try:
-            for item in inner:
+            for item in watched(inner):
                 self._position += 1
                 yield as_batch(pool.take(item, pin) if pool is not None and is_slot(item) else item)
         finally:

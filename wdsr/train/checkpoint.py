@@ -31,6 +31,7 @@ _CKPT = re.compile(r"step-([0-9]{8,18})\.pt")  # a checkpoint's file name (a ste
 _CKPT_PATH = re.compile(r"checkpoints/step-([0-9]{8,18})\.pt")  # latest.json's path: exactly this, under OUT
 MAX_JSON_BYTES = 1 << 20  # latest.json and run.json are a few lines
 MAX_STEP = 10**18 - 1
+MAX_THREADS = 4096  # a checkpoint's intra-op thread count (``threads``)
 
 
 class RunError(ValueError):
@@ -75,6 +76,8 @@ def check_state(state: Any, where: str) -> dict[str, Any]:
     rng = state["rng"].get("torch")
     if not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8:
         raise RunError(f"{where}: 'rng.torch' must be a uint8 tensor (torch.get_rng_state())")
+    if "threads" in state:  # the run's intra-op thread count (older checkpoints have none)
+        _int_field(state, "threads", 1, MAX_THREADS, where)
     if state.get("loader") is not None and not isinstance(state["loader"], dict):
         raise RunError(f"{where}: 'loader' must be a mapping (a loader state_dict), got {brief(state['loader'])}")
     return state

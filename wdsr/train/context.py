@@ -1,5 +1,6 @@
 """Where a training process runs: rank and world (from torchrun's environment, through ``wdsr.env``),
-its device, and the process group (gloo on CPU, nccl on CUDA) with a gloo group for the per-step sums."""
+its device, the process group (gloo on CPU, nccl on CUDA) with a gloo group for the per-step sums, and
+its intra-op thread count."""
 
 from __future__ import annotations
 
@@ -45,3 +46,14 @@ def setup(want: Device) -> Ctx:
         dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=10))
         group = dist.new_group(backend="gloo") if cuda else dist.group.WORLD
     return Ctx(world.rank, world.size, device, group)
+
+
+def pin_threads(saved: int | None) -> int:
+    """Set this run's intra-op thread count explicitly and return it: a resumed run takes its checkpoint's
+    (``saved``), a new one this process's count now. Float sums split over another number of threads round
+    differently, so a resume with another count (torchrun's OMP_NUM_THREADS=1, a library that set it, a
+    node with other cores) would not end with the straight run's weights. Setting it also stops MKL from
+    choosing its own thread count per call."""
+    n = saved if saved is not None else torch.get_num_threads()
+    torch.set_num_threads(n)
+    return n

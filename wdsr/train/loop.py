@@ -34,7 +34,7 @@ from wdsr.pipeline.sample import is_clip_dataset
 from wdsr.store import urls
 from wdsr.train.checkpoint import FORMAT, Diverged, RunDir, RunError
 from wdsr.train.config import Amp, ConfigError, Schedule, TrainConfig
-from wdsr.train.context import Ctx, setup
+from wdsr.train.context import Ctx, pin_threads, setup
 from wdsr.train.logbook import MetricsLog, Recorder, Standby, Window, diverged_message, log_val, log_window, progress_bar
 from wdsr.train.models import build_model
 from wdsr.train.validate import validate
@@ -188,11 +188,16 @@ def _train(cfg: TrainConfig) -> int:
         return 0
     ctx = setup(cfg.device)
     stop = StopFlag()
+    caller_threads = torch.get_num_threads()
+    threads = pin_threads(resume_state.get("threads") if resume_state is not None else None)
+    if resume_state is not None and threads != caller_threads and ctx.rank == 0:
+        log.info("resuming with the checkpoint's %d intra-op threads (this process had %d)", threads, caller_threads)
     previous = stop.install()
     try:
         return _loop(cfg, ctx, run, train_ds, val_ds, resume_state, stop)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        torch.set_num_threads(caller_threads)
         if ctx.world > 1 and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -349,6 +354,7 @@ def _state(cfg: TrainConfig, ctx: Ctx, m: _Model, loader: SRLoader, step: int) -
         "scheduler": m.sched.state_dict(),
         "scaler": m.scaler.state_dict(),
         "rng": {"torch": torch.get_rng_state()},
+        "threads": torch.get_num_threads(),  # a resume computes with as many (pin_threads)
         "config": cfg.dict,
     }
 
