@@ -144,3 +144,19 @@ def test_the_progress_bar_shows_the_loss_and_patches_per_s(photo_shards, tmp_pat
 def test_errors_are_clear(tmp_path, capsys):
     assert main(["bench", str(tmp_path / "nothing")]) == 2
     assert "no manifest.json" in capsys.readouterr().err
+
+
+def test_a_dead_dataloader_worker_is_one_line_and_exit_3(monkeypatch, capsys):
+    """``WorkerDied`` (a worker killed, e.g. out of memory) ends any command with the contract's code 3
+    and one line that says what to do, never a traceback (exit 1, a crash to retry blindly)."""
+    from shardmaker.exitcodes import ExitCode
+    from wdsr.loader import WorkerDied
+    from wdsr.tools import cli
+
+    def dies(args):
+        raise WorkerDied([(4242, -9)])
+
+    monkeypatch.setitem(cli._COMMANDS, "bench", dies)
+    assert cli.main(["bench", "some/data"]) == ExitCode.WORKER_DIED == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "DataLoader worker (pid 4242) died: killed by signal SIGKILL" in err[0] and "--resume" in err[0]

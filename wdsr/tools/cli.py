@@ -15,6 +15,7 @@ from shardmaker.exitcodes import ExitCode
 from wdsr.bounds import default_of
 from wdsr.config import DatasetConfig
 from wdsr.degrade.registry import DEGRADATIONS, NAMES
+from wdsr.loader import WorkerDied
 from wdsr.pipeline.clips import ClipConfig
 from wdsr.train.config import DEFAULT_STEPS, TrainConfig
 
@@ -444,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"wdsr {args.cmd}: interrupted", file=sys.stderr)
         return 130
+    except WorkerDied as exc:  # killed (out of memory?) or crashed: its batches are lost, the run's checkpoint is not
+        print(f"wdsr {args.cmd}: stopped: {exc} (rerun with --resume: it continues from the last checkpoint)", file=sys.stderr)
+        return ExitCode.WORKER_DIED
     except Exception as exc:  # bad input (2), unavailable storage (69): one line; anything else is a crash
         code = error_exit(f"wdsr {args.cmd}", exc)
         if code is None:
