@@ -160,3 +160,60 @@ def test_bad_input_is_one_line_and_exit_2(photo_shards, tmp_path_factory, tmp_pa
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and err.startswith("wdsr upscale: error:"), err
     assert says in err, err
+
+
+# ---- outputs: an input is never replaced, an existing file only with --overwrite (issue 38, High 3) ----
+
+
+def _upscale(run: Path, *args: str) -> int:
+    return main(["upscale", str(run), *args, "--tile", "0", "--device", "cpu"])
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_out_on_the_inputs_own_folder_is_refused_and_writes_nothing(photo_shards, tmp_path_factory, tmp_path, capsys, overwrite):
+    run = trained_run(photo_shards, tmp_path_factory)
+    photos_dir = tmp_path / "photos"
+    save(photos_dir / "a.png", _lr_photo(20, 24))
+    save(photos_dir / "b.jpg", _lr_photo(22, 20), quality=95)  # its target b.png is free: a.png decides
+    before = {p.name: p.read_bytes() for p in photos_dir.iterdir()}
+    rc = _upscale(run, str(photos_dir), "-o", str(photos_dir), *(["--overwrite"] if overwrite else []))
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{photos_dir / 'a.png'}: is the input {photos_dir / 'a.png'}" in err, err
+    assert {p.name: p.read_bytes() for p in photos_dir.iterdir()} == before  # nothing replaced, nothing added
+
+
+def test_an_existing_output_needs_overwrite(photo_shards, tmp_path_factory, tmp_path, capsys):
+    run = trained_run(photo_shards, tmp_path_factory)
+    src = save(tmp_path / "in" / "cat.png", _lr_photo(20, 24))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "cat.png").write_bytes(b"an earlier result")
+    assert _upscale(run, str(src), "-o", str(out)) == 2
+    err = capsys.readouterr().err
+    assert f"{out / 'cat.png'}: exists; give --overwrite to replace it" in err and len(err.strip().splitlines()) == 1, err
+    assert (out / "cat.png").read_bytes() == b"an earlier result"
+    assert _upscale(run, str(src), "-o", str(out), "--overwrite") == 0
+    assert read_image(out / "cat.png").shape == (80, 96, 3)
+    assert sorted(p.name for p in out.iterdir()) == ["cat.png"]  # no temporary file left behind
+
+
+def test_a_symlink_in_out_is_replaced_never_written_through(photo_shards, tmp_path_factory, tmp_path, capsys):
+    run = trained_run(photo_shards, tmp_path_factory)
+    src = save(tmp_path / "in" / "cat.png", _lr_photo(20, 24))
+    outside = tmp_path / "elsewhere" / "precious.txt"
+    outside.parent.mkdir()
+    outside.write_bytes(b"not yours")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "cat.png").symlink_to(outside)
+    assert _upscale(run, str(src), "-o", str(out)) == 2
+    assert "exists; give --overwrite" in capsys.readouterr().err
+    assert _upscale(run, str(src), "-o", str(out), "--overwrite") == 0
+    assert outside.read_bytes() == b"not yours"
+    assert not (out / "cat.png").is_symlink() and read_image(out / "cat.png").shape == (80, 96, 3)
+    (out / "cat.png").unlink()
+    (out / "cat.png").symlink_to(src)  # a link in OUT to an input: that input is never replaced
+    before = src.read_bytes()
+    assert _upscale(run, str(src), "-o", str(out), "--overwrite") == 2
+    assert "is the input" in capsys.readouterr().err and src.read_bytes() == before

@@ -10,9 +10,11 @@ from __future__ import annotations
 import dataclasses
 import struct
 
+from shardmaker.format.frames import PNG_SIGNATURE as PNG_SIGNATURE
+from shardmaker.format.frames import HeaderError as HeaderError
+from shardmaker.format.frames import jpeg_frame, png_frame, webp_frame
 from shardmaker.format.schema import pair_fits
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 QOI_MAGIC = b"qoif"
 DEFAULT_MAX_PIXELS = 1 << 28  # 268 M pixels: 16384 x 16384
 _PNG_COLOUR = {0: "grey", 2: "RGB", 3: "palette", 4: "grey+alpha", 6: "RGBA"}
@@ -23,10 +25,6 @@ HEAD_BYTES = 1 << 20  # a member's first bytes that hold its header (a JPEG's fr
 MEMBER_FACTOR = 2
 MEMBER_SLACK = 16 << 20
 _WIDEST = {"png": 6, "qoi": 5, "jpg": 3, "jpeg": 3, "webp": 4}  # bytes per pixel at the codec's widest
-
-
-class HeaderError(ValueError):
-    """A member whose header is not what the format allows; the caller adds shard and key."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,16 +40,13 @@ class ImageHeader:
 
 
 def png_header(data: bytes | memoryview) -> ImageHeader:
-    if len(data) < 33 or bytes(data[:8]) != PNG_SIGNATURE or bytes(data[8:16]) != b"\0\0\0\x0dIHDR":
-        raise HeaderError("not a PNG (no IHDR header)")
-    w, h, depth, ctype = struct.unpack(">IIBB", data[16:26])
+    f = png_frame(data)
+    ctype = data[25]
     if ctype not in (0, 2):
         raise HeaderError(f"PNG colour type {_PNG_COLOUR.get(ctype, ctype)}: image members are grey or RGB only")
-    if depth not in (8, 16):
-        raise HeaderError(f"PNG bit depth {depth}: image members are 8- or 16-bit")
-    if not w or not h:
-        raise HeaderError(f"PNG of {w}x{h} pixels")
-    return ImageHeader(w, h, 1 if ctype == 0 else 3, depth)
+    if f.precision not in (8, 16):
+        raise HeaderError(f"PNG bit depth {f.precision}: image members are 8- or 16-bit")
+    return ImageHeader(f.width, f.height, f.components, f.precision)
 
 
 def qoi_header(data: bytes | memoryview) -> ImageHeader:
@@ -65,77 +60,26 @@ def qoi_header(data: bytes | memoryview) -> ImageHeader:
     return ImageHeader(w, h, 3, 8)
 
 
-_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # start-of-frame markers (not DHT, JPG, DAC)
-
-
 def jpeg_header(data: bytes | memoryview) -> ImageHeader:
     """Size, components and precision from a JPEG's frame header, walking the marker segments."""
-    n = len(data)
-    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
-        raise HeaderError("not a JPEG (no SOI marker)")
-    i = 2
-    while i + 4 <= n:
-        if data[i] != 0xFF:
-            raise HeaderError(f"not a JPEG (no marker at byte {i})")
-        marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if marker == 0x01 or 0xD0 <= marker <= 0xD7:
-            i += 2
-            continue
-        if marker in (0xD9, 0xDA):
-            break
-        length = (data[i + 2] << 8) | data[i + 3]
-        if length < 2:
-            raise HeaderError(f"JPEG segment of length {length} at byte {i}")
-        if marker in _SOF:
-            if i + 10 > n:
-                break
-            depth, h, w, comps = data[i + 4], (data[i + 5] << 8) | data[i + 6], (data[i + 7] << 8) | data[i + 8], data[i + 9]
-            if depth != 8:
-                raise HeaderError(f"JPEG of {depth}-bit precision: JPEG members are 8-bit")
-            if comps not in (1, 3):
-                raise HeaderError(f"JPEG with {comps} components (CMYK?): image members are grey or RGB only")
-            if not w or not h:
-                raise HeaderError(f"JPEG of {w}x{h} pixels")
-            return ImageHeader(w, h, comps, 8)
-        i += 2 + length
-    if i + 4 > n and n >= HEAD_BYTES:
-        raise HeaderError(f"JPEG without a frame header in its first {n} bytes")
-    raise HeaderError("not a JPEG (no frame header before the image data)")
+    f = jpeg_frame(data)
+    if f is None:
+        if len(data) >= HEAD_BYTES:
+            raise HeaderError(f"JPEG without a frame header in its first {len(data)} bytes")
+        raise HeaderError("not a JPEG (no frame header before the image data)")
+    if f.precision != 8:
+        raise HeaderError(f"JPEG of {f.precision}-bit precision: JPEG members are 8-bit")
+    if f.components not in (1, 3):
+        raise HeaderError(f"JPEG with {f.components} components (CMYK?): image members are grey or RGB only")
+    return ImageHeader(f.width, f.height, f.components, 8)
 
 
 def webp_header(data: bytes | memoryview) -> ImageHeader:
     """Size from a WebP's first chunk (lossy VP8, lossless VP8L or extended VP8X)."""
-    head = bytes(data[:30])
-    if len(head) < 30 or head[:4] != b"RIFF" or head[8:12] != b"WEBP":
-        raise HeaderError("not a WebP image (no RIFF/WEBP header)")
-    chunk = head[12:16]
-    if chunk == b"VP8 ":
-        if head[23:26] != b"\x9d\x01\x2a":
-            raise HeaderError("not a WebP image (bad VP8 frame header)")
-        w, h = struct.unpack("<HH", head[26:30])
-        w, h, alpha = w & 0x3FFF, h & 0x3FFF, False
-    elif chunk == b"VP8L":
-        if head[20] != 0x2F:
-            raise HeaderError("not a WebP image (bad VP8L signature)")
-        bits = struct.unpack("<I", head[21:25])[0]
-        w, h, alpha = (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1, bool((bits >> 28) & 1)
-    elif chunk == b"VP8X":
-        flags = head[20]
-        if flags & 0x02:
-            raise HeaderError("animated WebP: image members are single images")
-        w = int.from_bytes(head[24:27], "little") + 1
-        h = int.from_bytes(head[27:30], "little") + 1
-        alpha = bool(flags & 0x10)
-    else:
-        raise HeaderError(f"WebP with a {chunk!r} first chunk")
-    if alpha:
+    f = webp_frame(data)
+    if f.alpha:
         raise HeaderError("WebP with alpha: image members are grey or RGB only")
-    if not w or not h:
-        raise HeaderError(f"WebP of {w}x{h} pixels")
-    return ImageHeader(w, h, 3, 8)
+    return ImageHeader(f.width, f.height, 3, 8)
 
 
 _HEADERS = {"png": png_header, "qoi": qoi_header, "jpg": jpeg_header, "jpeg": jpeg_header, "webp": webp_header}

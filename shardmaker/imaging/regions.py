@@ -4,7 +4,8 @@ a build's memory is bounded by the region it works on, never the whole image.
 
 Compressed segments (deflate, LZW, zstd, JPEG, ...) are decoded by ``tifffile``, with
 ``imagecodecs`` (the ``tiff`` extra) for all but deflate: without it such a file is one clear
-error. Every segment's size, byte count and decoded shape are checked before and after its
+error. Every segment's size, byte count, the size its own codec header declares (JPEG, PNG, WebP,
+JPEG 2000, JPEG XL: read before decoding, held to the segment's box) and decoded shape are checked around its
 decode; a file ``tifffile`` cannot parse is an :class:`ImageDataError`, never its own exception.
 """
 
@@ -15,12 +16,20 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from shardmaker.errors import ImageDataError
+from shardmaker.format.frames import FrameCodec, HeaderError, declared_frame
 
 __all__ = ["MAX_SEGMENT_PIXELS", "MissingCodecError", "TiffFallback", "TiffRegions", "is_tiff"]
 
 MAX_SEGMENT_PIXELS = 1 << 26  # one tile or strip: 8192 x 8192
 _SIDE = 1 << 20
 TIFF_MAGICS = (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+")  # classic and BigTIFF, both byte orders
+# TIFF compressions whose segments are whole images of another codec, which decodes to the size its own
+# header declares: that header is read and held to the segment's box before the decode. The stream
+# codecs (none, LZW, deflate, zstd, LZMA, PackBits) decode into the box itself.
+_FRAME_CODECS = {6: FrameCodec.JPEG, 7: FrameCodec.JPEG, 33007: FrameCodec.JPEG, 34892: FrameCodec.JPEG}
+_FRAME_CODECS |= {33003: FrameCodec.JPEG2000, 33004: FrameCodec.JPEG2000, 33005: FrameCodec.JPEG2000}
+_FRAME_CODECS |= {34712: FrameCodec.JPEG2000, 34933: FrameCodec.PNG, 34927: FrameCodec.WEBP, 50001: FrameCodec.WEBP}
+_FRAME_CODECS |= {50002: FrameCodec.JPEGXL, 52546: FrameCodec.JPEGXL}
 
 
 class TiffFallback(ImageDataError):
@@ -138,6 +147,7 @@ class TiffRegions:
             data = fh.read(count)
             if len(data) != count:
                 raise ImageDataError(f"TIFF segment {i}: {count} bytes at {offset}, the file ends first")
+            self._check_declared(i, data)
             seg, _, shape = page.decode(data, i, jpegtables=page.jpegtables)
         except ImageDataError:
             raise
@@ -147,9 +157,43 @@ class TiffRegions:
                     f"TIFF segment {i}: {page.compression.name} segments need imagecodecs (pip install 'wdsr[tiff]')"
                 ) from None
             raise ImageDataError(f"TIFF segment {i}: {type(e).__name__}: {str(e)[:200]}") from None
-        row = (i % (self._grid[0] * self._grid[1])) // self._grid[1]
-        short = (1, min(sh, self.height - row * sh), sw, samples)  # a last strip holds the rows left
+        short = (1, self._rows(i), sw, samples)  # a last strip holds the rows left
         if seg is None or tuple(seg.shape) not in ((1, sh, sw, samples), short):
             got = None if seg is None else tuple(seg.shape)
             raise ImageDataError(f"TIFF segment {i} decoded to {got}, its layout says {(1, sh, sw, samples)}")
         return seg[0]
+
+    def _rows(self, i: int) -> int:
+        """The rows of image segment ``i`` holds: its box's, or those left in a last strip."""
+        row = (i % (self._grid[0] * self._grid[1])) // self._grid[1]
+        return min(self._seg[0], self.height - row * self._seg[0])
+
+    def _check_declared(self, i: int, data: bytes) -> None:
+        """A segment of an image codec (JPEG, PNG, WebP, JPEG 2000, JPEG XL) declares its own size in
+        its header, and its decoder allocates that: it must be the segment's box (or a last strip's
+        rows), with no more samples or bits than the box holds, before any pixel is decoded."""
+        compression = int(self._page.compression)
+        codec = _FRAME_CODECS.get(compression)
+        where = f"{self.path}: TIFF segment {i}"
+        if codec is None:
+            import tifffile
+
+            if compression in tifffile.TIFF.IMAGE_COMPRESSIONS:
+                name = self._page.compression.name
+                raise ImageDataError(f"{where}: {name} segments declare a size no check reads here; refused before decoding")
+            return
+        try:
+            frame = declared_frame(data, codec)
+        except HeaderError as e:
+            raise ImageDataError(f"{where}: {e}; refused before decoding") from None
+        (sh, sw), samples = self._seg, 1 if self._separate else self._spp
+        if frame.width != sw or frame.height not in (sh, self._rows(i)):
+            raise ImageDataError(
+                f"{where}: its {codec.value} header declares {frame.width}x{frame.height} pixels, "
+                f"the segment is {sw}x{sh}; refused before decoding"
+            )
+        if frame.components > max(samples, 3) or frame.precision > self.bit_depth:
+            raise ImageDataError(
+                f"{where}: its {codec.value} header declares {frame.components} components of {frame.precision} bits, "
+                f"the TIFF has {samples} of {self.bit_depth}; refused before decoding"
+            )

@@ -171,6 +171,7 @@ def _tool_parsers(sub: Any) -> None:
     )
     u.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto (default): CUDA if there")
     u.add_argument("--hr", metavar="HR_DIR", help="folder of HR references (same file stems): print PSNR-Y/SSIM-Y")
+    u.add_argument("--overwrite", action="store_true", help="replace existing OUT/<name>.png files (an input is never replaced)")
     g = sub.add_parser(
         "plot",
         help="draw a run's curves (loss, lr, PSNR/SSIM-Y, patches/s, data_wait) from metrics.jsonl as a PNG",
@@ -398,16 +399,17 @@ def _preview(args: argparse.Namespace) -> int:
 def _upscale(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from wdsr.tools.upscale import find_images, load_model, pick_device, report, upscale_files
+    from wdsr.tools.upscale import find_images, load_model, pick_device, plan_outputs, report, upscale_files
 
     if args.tile < 0:
         raise ValueError(f"--tile must be >= 0, got {args.tile}")
     images = find_images(args.images)
+    plan_outputs(images, Path(args.output), args.overwrite)  # before the model is built: a refusal costs nothing
     m = load_model(args.checkpoint, pick_device(args.device))
     print(f"{m.source}: {m.name} x{m.scale}, step {m.step}; {len(images)} image(s)")
     hr = Path(args.hr) if args.hr else None
     overlap = min(32, args.tile // 4) if args.overlap is None else args.overlap
-    print(report(upscale_files(m, images, Path(args.output), args.tile or None, overlap, hr)))
+    print(report(upscale_files(m, images, Path(args.output), args.tile or None, overlap, hr, args.overwrite)))
     return 0
 
 

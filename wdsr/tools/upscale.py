@@ -11,10 +11,13 @@ in, the same depth and channels out (PNG).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import math
+import os
 import posixpath
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -226,18 +229,62 @@ class Result:
     ssim_y: float | None = None
 
 
+def plan_outputs(images: list[Path], out: Path, overwrite: bool = False) -> list[Path]:
+    """``out/<stem>.png`` for each image, checked before anything is written: a target that is one of
+    the inputs (``-o`` on the inputs' own folder) is refused always, an existing one without ``overwrite``."""
+    targets = [out / f"{p.stem}.png" for p in images]
+    for target in targets:
+        if not os.path.lexists(target):
+            continue
+        if target.is_dir():
+            raise ValueError(f"{target}: a folder is where the upscaled image would go")
+        same = next((p for p in images if target.exists() and os.path.samefile(target, p)), None)
+        if same is not None:
+            raise ValueError(f"{target}: is the input {same}; upscaling would replace it (choose another -o)")
+        if not overwrite:
+            raise ValueError(f"{target}: exists; give --overwrite to replace it")
+    return targets
+
+
+def write_output(target: Path, data: bytes, overwrite: bool = False) -> None:
+    """``data`` to a temporary name beside ``target``, then moved onto it: a reader never sees half a PNG, and a
+    symlink at ``target`` is replaced, never written through. Without ``overwrite`` an existing target is an error."""
+    tmp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.part"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # a new file, the umask's mode, as a plain write
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        if overwrite:
+            os.replace(tmp, target)
+        else:
+            try:
+                os.link(tmp, target)  # fails if anything appeared at target since it was checked
+            except FileExistsError:
+                raise ValueError(f"{target}: exists; give --overwrite to replace it") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
 def upscale_files(
-    m: Loaded, images: list[Path], out: Path, tile: int | None, overlap: int, hr_dir: Path | None = None
+    m: Loaded,
+    images: list[Path],
+    out: Path,
+    tile: int | None,
+    overlap: int,
+    hr_dir: Path | None = None,
+    overwrite: bool = False,
 ) -> list[Result]:
-    """Upscale each image to ``out/<stem>.png``; with ``hr_dir``, PSNR-Y / SSIM-Y against its HR."""
+    """Upscale each image to ``out/<stem>.png``; with ``hr_dir``, PSNR-Y / SSIM-Y against its HR. An input is
+    never replaced, an existing file only with ``overwrite`` (checked for all images before the first is written)."""
     if hr_dir is not None and not hr_dir.is_dir():
         raise FileNotFoundError(f"--hr {hr_dir}: no such folder")
     out.mkdir(parents=True, exist_ok=True)
+    targets = plan_outputs(images, out, overwrite)
     results = []
-    for path in images:
+    for path, target in zip(images, targets, strict=True):
         sr = upscale_image(m, read_image(path), tile, overlap)
-        target = out / f"{path.stem}.png"
-        target.write_bytes(imaging.encode(sr, Codec.PNG, 6))
+        write_output(target, imaging.encode(sr, Codec.PNG, 6), overwrite)
         r = Result(path.stem, target, (sr.shape[1], sr.shape[0]))
         if hr_dir is not None:
             hr = _reference(hr_dir, path.stem, sr.shape, m.scale)
