@@ -4,18 +4,33 @@ trees, shards, the S3 server. Plain helpers live in tests/helpers.py (test modul
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
+# One intra-op thread for torch in the test process and in every process it starts (torchrun does the
+# same for its ranks): the tests' tensors are tiny, and a second OpenMP thread spinning at each barrier
+# on a busy 2-core machine costs the suite minutes (test_degrade_*.py: 29 CPU-s with two, 8 with one).
+# Set before torch is imported; OMP_NUM_THREADS=N in the environment still wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from tests.helpers import REFDATA, S3_BUCKET, SESSION_VAR, aws_env, build_shards, leftovers, photos, save
+
+# No hypothesis deadline anywhere (its per-example deadline is a wall-clock limit a busy machine trips);
+# `--hypothesis-profile` still picks another profile.
+settings.register_profile("wdsr", deadline=None)
+settings.load_profile("wdsr")
 
 
 def pytest_configure(config) -> None:
     # Every process the tests start inherits this variable, so the check at the end finds orphans too.
     os.environ[SESSION_VAR] = str(os.getpid())
+    if "torch" in sys.modules:  # imported by a plugin before this file set the variable
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session")

@@ -207,7 +207,7 @@ FIELDS = [
     "elastic.batches",
 ]
 INT_FIELDS = ["world_size", "num_workers", "epoch", "batches", "elastic.world_size", "elastic.num_workers", "elastic.batches"]
-FUZZ = settings(deadline=2000, max_examples=150, database=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(deadline=None, max_examples=150, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _restores_or_refuses(ds: wdsr.SRDataset, saved: Any) -> None:
@@ -278,9 +278,9 @@ FUZZ_CHILD = """
     "target", ["fuzz_any_json_value_as_the_state", "fuzz_any_json_value_as_one_field", "fuzz_worlds_within_and_past_the_bounds"]
 )
 def test_fuzz_loader_states(photo_shards, target):
-    """Any JSON-able value as the state, or as one field of a saved one (hypothesis, 150 examples,
-    each within 2 s), ends in a restore or a LoaderStateError; in a child under the memory cap, so
-    a state that asks for unbounded work fails the test instead of the machine."""
+    """Any JSON-able value as the state, or as one field of a saved one (hypothesis, 150 examples),
+    ends in a restore or a LoaderStateError; in a child under the memory cap, so a state that asks
+    for unbounded work fails the test (its memory cap or the GUARD timeout) instead of the machine."""
     done = _child(FUZZ_CHILD, str(photo_shards), target)
     assert done.returncode == 0 and done.stdout.splitlines()[-1:] == ["fuzzed"], done.stderr[-3000:]
 

@@ -151,7 +151,7 @@ def test_pack_records_digests() -> None:
 _VALID = _member(64)
 
 
-@settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     cuts=st.lists(st.tuples(st.integers(0, len(_VALID) - 1), st.integers(0, 255)), min_size=1, max_size=6),
     truncate=st.integers(0, len(_VALID)),
