@@ -112,13 +112,12 @@ def _one_unavailable(exc: BaseException) -> bool:
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and the errors it was raised from or while handling (s3fs re-raises a client's error under its own),
-    as a traceback shows them: an error raised ``from None`` says it is the whole story."""
+    """``exc`` and the errors it was raised from or while handling (s3fs re-raises a client's error under its own)."""
     out: list[BaseException] = []
     e: BaseException | None = exc
     while e is not None and all(e is not seen for seen in out):
         out.append(e)
-        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+        e = e.__cause__ or e.__context__
     return out
 
 

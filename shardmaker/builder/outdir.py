@@ -50,7 +50,10 @@ def locked(fs: fsspec.AbstractFileSystem, root: str, url: str, name: str = ".sha
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = False
         except BlockingIOError:
+            held = True
+        if held:  # raised outside the handler: the EAGAIN that found it is no storage outage (exit 2, not 69)
             try:
                 holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
                 who = f"pid {holder.get('pid')} on {holder.get('host')}"
@@ -58,7 +61,7 @@ def locked(fs: fsspec.AbstractFileSystem, root: str, url: str, name: str = ".sha
                 who = "another process"
             raise BuildError(
                 f"{url} is being written by another shardmaker ({who}, lock {path}); wait for it to finish or stop it"
-            ) from None
+            )
         info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}).encode()
         os.ftruncate(fd, 0)
         os.pwrite(fd, info, 0)
