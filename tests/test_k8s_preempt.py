@@ -38,6 +38,14 @@ def child_jobs(jobset: dict) -> dict[str, dict]:
             "metadata": {"name": name},
             "spec": copy.deepcopy(rj["template"]["spec"]),
         }
+        # the labels JobSet gives the pods of its child Jobs (the master address reads the JobSet's name from them)
+        meta = out[rj["name"]]["spec"]["template"].setdefault("metadata", {})
+        meta["labels"] = {
+            **meta.get("labels", {}),
+            "jobset.sigs.k8s.io/jobset-name": jobset["metadata"]["name"],
+            "jobset.sigs.k8s.io/replicatedjob-name": rj["name"],
+            "jobset.sigs.k8s.io/job-index": "0",
+        }
     return out
 
 
