@@ -531,12 +531,54 @@ def test_plain_job_survives_preempting_pod_1_then_pod_0_and_resumes_exactly(refe
 
 
 @pytest.mark.slow
+def _cache_files(pod_dir: Path) -> dict[str, int]:
+    cache = pod_dir / "scratch" / "shard-cache"
+    return {p.name: p.stat().st_size for p in cache.rglob("*.tar")} if cache.is_dir() else {}
+
+
 def test_jobset_restarts_the_group_on_a_preemption_without_counting(reference, s3, s3_photo_shards, tmp_path):
+    """Pod 2 preempted after a checkpoint: JobSet recreates the whole group once, uncounted, and the run
+    ends with the uninterrupted weights. Also what the restart costs (printed; the numbers in
+    docs/kubernetes.md): pods restarted, pod-seconds from the preemption until training goes on (rank 0's
+    first step after its resume), and the shard bytes the replacements fetched again (cold emptyDirs)."""
     gang, out = local_run("train-jobset", tmp_path, s3, s3_photo_shards)
-    gang.run(timeout=400, chaos=preempt_after_a_checkpoint([2]))
+    victims = [2]
+    preempt = preempt_after_a_checkpoint(victims)
+    marks: dict[str, float] = {}
+
+    def chaos(g: Gang) -> None:
+        import time
+
+        if victims:
+            preempt(g)
+            if not victims:
+                marks["preempted"] = time.monotonic()
+            return
+        try:
+            log = g.pod_log(0, main_container(g.job["spec"]["template"]["spec"])["name"])
+        except (OSError, IndexError):
+            return
+        after = log.split("resuming at step", 1)
+        if "resumed" not in marks and g.attempts.get(0) == 1 and len(after) == 2:
+            if any(line.startswith("wdsr: step ") for line in after[1].splitlines()):
+                marks["resumed"] = time.monotonic()
+
+    gang.run(timeout=400, chaos=chaos)
     js = gang.model
     assert js.state == "Complete" and js.restarts == 1 and js.counted == 0 and js.rule == "Preempted", gang.events
     assert all(gang.attempts[i] == 1 for i in range(3))  # the whole group was recreated once
     resumes = resumed_at(gang, 0)
     assert len(resumes) == 1 and resumes[0][2] == resumes[0][0] % 4, resumes
     assert_same_training(finished(out), reference)
+    name = gang.job["metadata"]["name"]
+    caches = [
+        (_cache_files(tmp_path / "pods" / f"{name}-{i}-a0"), _cache_files(tmp_path / "pods" / f"{name}-{i}-a1")) for i in range(3)
+    ]
+    total = sum(sum(before.values()) for before, _ in caches)
+    refetched = sum(size for before, after in caches for n, size in after.items() if n in before)
+    pause = marks["resumed"] - marks["preempted"]
+    print(
+        f"\nrestart cost: 3 pods restarted, {3 * pause:.0f} pod-seconds ({pause:.1f} s each) from the preemption"
+        f" to rank 0's first step after the resume; {refetched} of {total} cached shard bytes fetched again"
+    )
+    assert pause > 0 and 0 < refetched <= total
