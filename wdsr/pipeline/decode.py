@@ -63,10 +63,6 @@ def _sample_json(raw: RawSample) -> dict[str, Any]:
 def decode_sample(raw: RawSample, spec: DecodeSpec) -> Pair:
     """The sample decoded by its kind (the first in ``kinds.SAMPLE_KINDS`` that claims it): with its
     stored LR, or its HR alone made into a pair by the LR source ``spec.lr``."""
-
-    def fail(reason: str) -> SampleError:
-        return SampleError(raw.shard, raw.key, reason)
-
     meta: dict[str, Any] = {} if raw.digests is not None else _sample_json(raw)
     sample_kind = kinds.sample_kind(raw)
     if not spec.lr.made or sample_kind.hr is None:  # a kind that cannot make LR is refused before any read
