@@ -32,6 +32,15 @@ def brief(value: Any, limit: int = BRIEF_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def brief_ends(text: str, limit: int = BRIEF_CHARS) -> str:
+    """``repr(text)`` for an error message, its middle elided past ``limit`` characters: for a path or
+    URL pattern, whose end (the file name, the braces) says as much as its start."""
+    if len(text) <= limit:
+        return repr(text)
+    head = limit // 3
+    return repr(text[:head] + "..." + text[-(limit - head - 3) :])
+
+
 def _scalar(v: Any, limit: int) -> bool:
     if isinstance(v, int):
         return v.bit_length() < 3 * limit  # under ``limit`` digits, and no int-to-str digit limit hit

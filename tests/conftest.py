@@ -76,10 +76,13 @@ def photo_shards(tmp_path_factory, photo_src) -> Path:
 
 # ---- a real S3 server on 127.0.0.1 (SeaweedFS; moto only where weed cannot run) ----------------
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests that need the S3 server get the ``s3`` marker (``make test-fast`` leaves them out)."""
+    """Tests that need the S3 server get the ``s3`` marker (``make test-fast`` leaves them out); slow tests run first."""
     for item in items:
         if "s3" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.s3)
+    # The long multi-process tests first (a stable sort keeps each group's order): `pytest -n 2` hands
+    # out tests as workers free up, and a 45 s test drawn last would leave one core idle meanwhile.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_report_header(config) -> str:
@@ -127,20 +130,46 @@ def s3_photo_shards(s3, _s3_photo_shards_built) -> str:
 
 
 # ---- no process outlives the suite ------------------------------------------------------------------
+# Under `pytest -n 2` (make test) each xdist worker sets the variable to its own pid in pytest_configure,
+# so each worker checks what its own tests started, and hands what it found to the controller, whose
+# exit status is the one that counts. The controller's own mark is on the workers alone.
+_LEFT_BY_WORKERS: list[str] = []
+
+
+def _is_xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    _LEFT_BY_WORKERS.extend(getattr(node, "workeroutput", {}).get("leftovers", []))
+
+
 def pytest_sessionfinish(session, exitstatus):
+    if session.config.pluginmanager.hasplugin("dsession"):  # the xdist controller: its workers checked
+        lines = list(_LEFT_BY_WORKERS)
+    else:
+        lines = _reap_leftovers()
+        if _is_xdist_worker(session.config):
+            session.config.workeroutput["leftovers"] = lines
+    if lines:
+        print(
+            f"\nERROR: {len(lines)} process(es) started by the tests outlived them (a test did not reap what it started):\n"
+            + "\n".join(lines)
+        )
+        session.exitstatus = 1
+
+
+def _reap_leftovers() -> list[str]:
+    """What this process's tests started and left running, as lines; killed."""
     deadline = time.monotonic() + 30  # give exiting processes a moment (a busy machine is slow to reap)
     left = leftovers()
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
         left = leftovers()
-    if left:
-        lines = "\n".join(f"  pid {pid}: {cmd[:200]}" for pid, cmd in left)
-        print(
-            f"\nERROR: {len(left)} process(es) started by the tests outlived them (a test did not reap what it started):\n{lines}"
-        )
-        for pid, _ in left:
-            try:
-                os.kill(pid, 9)
-            except OSError:
-                pass
-        session.exitstatus = 1
+    for pid, _ in left:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+    return [f"  pid {pid}: {cmd[:200]}" for pid, cmd in left]

@@ -184,24 +184,35 @@ def posix_semaphores() -> set[Path]:
     return set(Path("/dev/shm").glob("sem.mp-*"))
 
 
-def remove_orphan_semaphores(before: set[Path]) -> list[Path]:
-    """Semaphores that appeared since ``before`` and that no live process maps: what a process
-    group killed with SIGKILL (its resource tracker with it) leaves behind. Removed; returned."""
-    new = posix_semaphores() - before
-    if not new:
-        return []
-    mapped: set[str] = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
+def semaphore_inodes(pids) -> set[int]:
+    """Inodes of the POSIX semaphores that the processes ``pids`` map, whether by name or by the
+    temporary name glibc creates one under (how its creator maps it)."""
+    inodes: set[int] = set()
+    for pid in pids:
         try:
-            mapped.update(
-                line.split(maxsplit=5)[-1].strip() for line in maps.read_text().splitlines() if "/dev/shm/sem.mp-" in line
-            )
+            text = Path(f"/proc/{pid}/maps").read_text()
         except OSError:  # the process is gone, or not ours to read
             continue
-    orphans = sorted(p for p in new if str(p) not in mapped)
-    for p in orphans:
-        p.unlink(missing_ok=True)
-    return orphans
+        for line in text.splitlines():
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/dev/shm/sem."):
+                inodes.add(int(fields[4]))
+    return inodes
+
+
+def remove_semaphores(inodes: set[int]) -> list[Path]:
+    """Remove multiprocessing's named semaphores with these inodes: what a process group killed with
+    SIGKILL (its resource tracker with it) leaves behind. Only those: a test running beside this one
+    (``pytest -n 2``) may have just created its own, not yet mapped by the name. Returns what went."""
+    gone = []
+    for p in posix_semaphores():
+        try:
+            if p.stat().st_ino in inodes:
+                p.unlink(missing_ok=True)
+                gone.append(p)
+        except OSError:
+            continue
+    return sorted(gone)
 
 
 def is_running(pid: int) -> bool:

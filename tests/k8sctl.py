@@ -305,9 +305,11 @@ def _strict(schema: Any) -> Any:
         return [_strict(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: _strict(v) for k, v in schema.items() if k not in ("x-kubernetes-validations", "description", "default")}
-    if isinstance(schema.get("properties"), dict):  # field names are kept, a field called description too
-        out["properties"] = {k: _strict(v) for k, v in schema["properties"].items()}
+    props = schema.get("properties")
+    skip = {"x-kubernetes-validations", "description", "default"} | ({"properties"} if isinstance(props, dict) else set())
+    out = {k: _strict(v) for k, v in schema.items() if k not in skip}
+    if isinstance(props, dict):  # field names are kept, a field called description too (each once: not 2^depth)
+        out["properties"] = {k: _strict(v) for k, v in props.items()}
     if "properties" in out and "additionalProperties" not in out and not schema.get("x-kubernetes-preserve-unknown-fields"):
         out["additionalProperties"] = False
     if out.pop("nullable", False) and "type" in out:

@@ -22,7 +22,7 @@ from PIL import Image
 import wdsr
 from shardmaker import imaging
 from shardmaker.imaging import Codec
-from tests.helpers import ROOT, build_shards, photos, rewrite, save
+from tests.helpers import ROOT, build_shards, descendants, photos, rewrite, save
 
 pytestmark = pytest.mark.timeout(180)  # every case must end, not hang
 
@@ -322,6 +322,65 @@ def test_a_grey_sample_in_an_rgb_dataset_fails_or_is_skipped(kinds, tmp_path, re
         assert channels == {3} and "p1" not in keys and skip.stats.totals()["skipped"] == 1
     else:  # an old manifest: the first sample decoded fixes the kind (here, in the one process)
         assert ("p1" in keys) == (channels == {1})
+
+
+def test_a_failed_pass_ends_its_persistent_workers_at_once_and_the_next_pass_starts_fresh(kinds, tmp_path):
+    """Left to garbage collection with the traceback that held them, the workers of a failed pass
+    each waited out torch's 5 s join timeout (their queues finalized first): 20 s of a test run."""
+    ds = tmp_path / "ds"
+    shutil.copytree(kinds["mixed"], ds)
+    _record_kind(ds, 3, 8)
+    loader = wdsr.make_loader(wdsr.SRDataset(str(ds), on_error="fail", **KW), num_workers=2)
+    assert loader.persistent_workers
+    before = set(descendants(os.getpid()))  # what earlier tests left (resource trackers, ...)
+    for _ in range(2):  # the second pass has workers of its own, and fails the same way
+        with pytest.raises(wdsr.SampleError, match="'p1'"):
+            _keys(loader)
+        assert not set(descendants(os.getpid())) - before  # joined: no worker left to collect
+
+
+CYCLE_CHILD = """
+import gc, sys
+import torch.utils.data._utils
+import wdsr
+
+# torch's join timeout, 5 s, raised: collected the old way, this child hangs instead of ending late
+torch.utils.data._utils.MP_STATUS_CHECK_INTERVAL = 3600.0
+KW = dict(scale=2, patch_size=32, patches_per_image=1, batch_size=2, shuffle_buffer=0, seed=3)
+
+
+def cycle():
+    loader = wdsr.make_loader(wdsr.SRDataset(sys.argv[1], **KW), num_workers=2)
+    assert len(list(loader)) > 0
+    workers = list(loader._iterator._workers)
+    try:
+        raise ValueError("held")
+    except ValueError as exc:
+        held = exc  # this frame -> held -> its traceback -> this frame, which names the loader
+    return workers
+
+
+gc.disable()
+workers = cycle()
+assert all(w.exitcode is None for w in workers)  # persistent, and the loader not collected yet
+gc.collect()
+print([w.exitcode for w in workers])
+"""
+
+
+def test_a_loader_collected_in_a_reference_cycle_ends_its_workers_cleanly(kinds):
+    """A loader that a traceback's frame holds is collected by the cycle collector, which could
+    finalize the workers' queues before torch's ``__del__`` used them: each worker then waited out
+    the join timeout (5 s: a pause at a random point of the trainer). The timeout stops the hang."""
+    done = subprocess.run(
+        [sys.executable, "-c", CYCLE_CHILD, str(kinds["rgb"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "[0, 0]"
 
 
 def test_a_mix_of_recorded_kinds_is_refused_up_front(kinds):

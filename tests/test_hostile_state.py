@@ -321,7 +321,7 @@ def test_huge_and_nested_patterns_are_refused_quickly_in_srdataset_and_index(pho
         assert out[2 * i].startswith("dataset: URL pattern ") and f"names {count} URLs: at most 1,000,000" in out[2 * i]
         assert out[2 * i + 1] == "index rc: 2"
         assert err[i].startswith("shardmaker index: error: URL pattern ") and f"names {count} URLs" in err[i]
-        assert len(err[i]) < 300 and p[:20] in err[i]
+        assert len(err[i]) < 300 and p[-20:] in err[i]  # the end of a long pattern is shown (the braces)
 
 
 def test_the_index_cli_refuses_a_huge_pattern_in_one_line(photo_shards):

@@ -16,9 +16,9 @@ from tests.helpers import (
     group_members,
     is_running,
     photos,
-    posix_semaphores,
-    remove_orphan_semaphores,
+    remove_semaphores,
     save,
+    semaphore_inodes,
     shard_hashes,
     sm,
     wait_until,
@@ -61,7 +61,6 @@ def test_kill_minus_9_then_rerun_completes_without_redoing_shards(capsys, tmp_pa
     src = big_tree(tmp_path / "hr")
     flags = ["--scale", "2,3,4", "--max-samples", "1", "--png-level", "6"]
     out = tmp_path / "killed"
-    semaphores = posix_semaphores()
     log = tmp_path / "build.log"
     with open(log, "wb") as err:
         proc = subprocess.Popen(
@@ -75,12 +74,13 @@ def test_kill_minus_9_then_rerun_completes_without_redoing_shards(capsys, tmp_pa
         wait_until(lambda: len(list(out.glob("shard-*.tar"))) >= 3, "3 finished shards", alive=proc)
     finally:
         group = set(group_members(proc.pid))  # the build and its encoding processes ...
+        semaphores = semaphore_inodes(group)
         os.killpg(proc.pid, signal.SIGKILL)  # ... die at once, as when a node dies
         group |= set(group_members(proc.pid))
         proc.wait()
     assert proc.returncode == -signal.SIGKILL, log.read_text()[-3000:]  # killed, not ended on its own
     wait_until(lambda: not any(is_running(p) for p in group), "the end of the killed build's processes")
-    remove_orphan_semaphores(semaphores)  # the killed pool's semaphores: its resource tracker died with it
+    remove_semaphores(semaphores)  # the killed pool's semaphores: its resource tracker died with it
     assert not (out / "manifest.json").exists()
     finished = len(list(out.glob("shard-*.tar")))
     assert finished >= 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +19,7 @@ from wdsr.pipeline.degraded import as_batch
 from wdsr.pipeline.handoff import BatchPool, is_slot
 from wdsr.pipeline.plan import Span
 from wdsr.pipeline.worker import tune_malloc, worker_init
-from wdsr.pipeline.workers import WorkerDied, check, detach, watched
+from wdsr.pipeline.workers import WorkerDied, check, detach, ended, watched
 from wdsr.state import LoaderStateError, WorldChanged
 
 __all__ = [
@@ -62,6 +63,10 @@ class _Pass(IterableDataset):
         return getattr(self.ds, name)
 
 
+def _end_workers(inner: Any) -> None:
+    inner._shutdown_workers()  # a no-op where they have ended already
+
+
 class SRLoader(DataLoader):
     """A DataLoader whose ``len()`` is the exact number of batches per rank per epoch, and which
     owns the epoch counter and the position in the epoch.
@@ -89,6 +94,7 @@ class SRLoader(DataLoader):
         self._resume: tuple[int, int, tuple[int, int, int] | None] | None = None
         self._origin: tuple[int, int, int] | None = None  # of the current pass, when it is an elastic one
         self.elastic_report: dict[str, int] | None = None  # what an elastic resume re-planned
+        self._ender: weakref.finalize | None = None  # ends the persistent workers with this loader
         dataset.attach(self)  # the dataset's set_epoch() reaches this loader
 
     def __len__(self) -> int:
@@ -120,12 +126,28 @@ class SRLoader(DataLoader):
         self._passes += 1
         self._control[0], self._control[1] = epoch, start
         self._control[2], self._control[3], self._control[4] = origin if origin is not None else (0, 0, 0)
+        if self._iterator is not None:
+            ended(self._iterator)  # a persistent worker that died between passes: reported at once
         try:
             inner = super().__iter__()  # persistent workers: a new pass waits for each of them
         except RuntimeError as exc:
             check(self._iterator, exc)
         detach(inner)  # a dead worker is reported by the next fetch, never in the trainer's own code
+        if self.persistent_workers and self.num_workers > 0:
+            self._end_with_me(inner)
         return self._batches(inner)
+
+    def _end_with_me(self, inner: Any) -> None:
+        """Have the persistent workers of ``inner`` end when this loader is collected, even when it
+        is collected as part of a reference cycle (a loader named in a frame that a traceback holds):
+        torch's own ``__del__`` then found its queues finalized first, and each worker waited out a
+        5 s join timeout before it was terminated."""
+        held = self._ender.peek() if self._ender is not None else None
+        if held is not None and held[2][0] is inner:  # (loader, function, args, kwargs)
+            return
+        if self._ender is not None:
+            self._ender.detach()
+        self._ender = weakref.finalize(self, _end_workers, inner)
 
     def pass_length(self) -> int:
         """Batches of the current pass: ``len(loader)``, or that of the rest of an epoch re-planned
@@ -139,13 +161,23 @@ class SRLoader(DataLoader):
         collection gets to the iterator (which stalled exits by seconds). A dead worker is one
         :class:`WorkerDied` here, whichever check noticed it."""
         pool, pin = self._pool, self._pin
+        failed = True
         try:
             for item in watched(inner):
                 self._position += 1
                 yield as_batch(pool.take(item, pin) if pool is not None and is_slot(item) else item)
+            failed = False
+        except GeneratorExit:  # the trainer left the pass: persistent workers serve the next one
+            failed = False
+            raise
         finally:
-            if not self.persistent_workers and hasattr(inner, "_shutdown_workers"):
+            if (failed or not self.persistent_workers) and hasattr(inner, "_shutdown_workers"):
+                # A failed pass ends its workers now, persistent or not: left to garbage collection
+                # with the traceback that holds them, their queues could be finalized first, and
+                # each worker then waited out torch's 5 s join timeout before it was terminated.
                 inner._shutdown_workers()
+                if failed and self._iterator is inner:
+                    self._iterator = None  # the next pass starts fresh workers
 
     # ---- saving and restoring the position --------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

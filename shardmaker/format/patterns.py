@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from braceexpand import braceexpand
 
-from shardmaker.errors import brief
+from shardmaker.errors import brief, brief_ends
 
 __all__ = ["MAX_NAMES", "PatternError", "PatternSize", "count_braces", "expand_braces"]
 
@@ -61,7 +61,7 @@ def count_braces(pattern: str) -> PatternSize:
     if not isinstance(pattern, str):
         raise PatternError(f"a URL pattern is a string, got {brief(pattern)}")
     if len(pattern) > MAX_PATTERN:
-        raise PatternError(f"URL pattern {brief(pattern)} has {len(pattern)} characters; at most {MAX_PATTERN} are allowed")
+        raise PatternError(f"URL pattern {brief_ends(pattern)} has {len(pattern)} characters; at most {MAX_PATTERN} are allowed")
     depth = top = 0
     pos = 0
     while pos < len(pattern):
@@ -70,7 +70,7 @@ def count_braces(pattern: str) -> PatternSize:
         depth += (c == "{") - (c == "}")
         top = max(top, depth)
     if top > MAX_DEPTH:
-        raise PatternError(f"URL pattern {brief(pattern)} nests braces {top} deep; at most {MAX_DEPTH} are allowed")
+        raise PatternError(f"URL pattern {brief_ends(pattern)} nests braces {top} deep; at most {MAX_DEPTH} are allowed")
     return _pattern(pattern, pattern)
 
 
@@ -88,7 +88,7 @@ def expand_braces(patterns: str | Sequence[str], limit: int = MAX_NAMES) -> list
             if size.names <= limit and size.chars <= MAX_CHARS:
                 what += f", {len(items)} patterns together more"
             why = f"at most {limit:,} are allowed" if total.names > limit else f"over {MAX_CHARS:,} characters in all"
-            raise PatternError(f"URL pattern {brief(p)} names {what}: {why} (give fewer, or the dataset folder)")
+            raise PatternError(f"URL pattern {brief_ends(p)} names {what}: {why} (give fewer, or the dataset folder)")
     return [u for p in items for u in braceexpand(p)]
 
 

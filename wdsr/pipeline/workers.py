@@ -60,6 +60,20 @@ def dead(it: Any) -> list[tuple[int, int]]:
     return out
 
 
+def ended(it: Any) -> None:
+    """Raise :class:`WorkerDied` if a worker of ``it`` has died: killed or failed, or exited while
+    torch still counted on it (one whose stream ended exits with status 0 once torch lets it go);
+    nothing for an iterator without workers."""
+    needed = getattr(it, "_workers_status", ())
+    gone = [
+        (w.pid, w.exitcode)
+        for w, up in zip(getattr(it, "_workers", ()), needed, strict=False)
+        if w.exitcode is not None and (up or w.exitcode != 0)
+    ]
+    if gone:
+        raise WorkerDied(gone)
+
+
 def check(it: Any, exc: BaseException) -> NoReturn:
     """Raise :class:`WorkerDied` for the failed fetch ``exc`` of ``it`` if one of its workers is
     dead (torch's "exited unexpectedly", or any other error the death caused); else ``exc`` itself."""
@@ -70,8 +84,11 @@ def check(it: Any, exc: BaseException) -> NoReturn:
 
 
 def watched(it: Any) -> Iterator[Any]:
-    """The items of DataLoader iterator ``it``; a fetch that fails while a worker is dead raises :class:`WorkerDied`."""
+    """The items of DataLoader iterator ``it``; a fetch that fails while a worker is dead raises :class:`WorkerDied`,
+    and so does a fetch asked for after a worker died (at once: torch would notice at its next check,
+    ``MP_STATUS_CHECK_INTERVAL`` seconds into the wait)."""
     while True:
+        ended(it)
         try:
             item = next(it)
         except StopIteration:
