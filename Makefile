@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 TORCH  := torch==2.13.0
+# pytest-xdist worker processes for `make test` and `make test-fast` (0: the tests run in pytest's own process)
+TEST_JOBS ?= 2
 
 .PHONY: demo test test-fast lint s3-dev
 
@@ -18,7 +20,7 @@ demo: $(VENV)/.installed
 	$(PY) -m wdsr.tools.demo --out demo-out
 
 test: $(VENV)/.installed lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS)
 
 # ruff (lint + format check) and mypy on the packages, with the versions pinned in the dev extra; part of `make test`
 lint: $(VENV)/.installed
@@ -28,7 +30,7 @@ lint: $(VENV)/.installed
 
 # the edit-test loop: no S3 server, no torchrun or other multi-process tests (CI runs `make test`)
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -q -m "not slow and not s3"
+	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not slow and not s3"
 
 # a local S3 (SeaweedFS, bound to 127.0.0.1, the tests' settings) to try the S3 path: prints the
 # AWS_* variables to export in another shell; Ctrl-C stops it
