@@ -20,7 +20,7 @@ demo: $(VENV)/.installed
 	$(PY) -m wdsr.tools.demo --out demo-out
 
 test: $(VENV)/.installed lint
-	$(PY) -m pytest -q -n $(TEST_JOBS)
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup
 
 # ruff (lint + format check) and mypy on the packages, with the versions pinned in the dev extra; part of `make test`
 lint: $(VENV)/.installed
@@ -30,7 +30,7 @@ lint: $(VENV)/.installed
 
 # the edit-test loop: no S3 server, no torchrun or other multi-process tests (CI runs `make test`)
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not slow and not s3"
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup -m "not slow and not s3"
 
 # a local S3 (SeaweedFS, bound to 127.0.0.1, the tests' settings) to try the S3 path: prints the
 # AWS_* variables to export in another shell; Ctrl-C stops it

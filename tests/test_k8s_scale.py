@@ -35,6 +35,9 @@ from tests.k8sgang import Gang
 from tests.k8srun import find, render
 from tests.s3server import free_port
 
+# one xdist worker runs this module's tests: they share the `reference` run (3 pods training), made once
+pytestmark = pytest.mark.xdist_group("k8s_scale")
+
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
 VALIDATE = Path(sys.executable).parent / "kubernetes-validate"
