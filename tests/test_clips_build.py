@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from shardmaker import format as fmt
+from shardmaker.builder import video
 from shardmaker.builder.clips import ClipOptions, natural_key, plan_segments
 from shardmaker.format import frame_member
 from shardmaker.imaging import codecs
@@ -18,6 +19,7 @@ from shardmaker.imaging.resize import downscale
 from tests.helpers import build_shards, mosaic, save, sm
 
 av = pytest.importorskip("av")
+real_video_info = video.video_info
 SHIFT = 3  # pixels the scene moves right per frame
 
 
@@ -125,7 +127,9 @@ def test_surgisr4k_names_sort_naturally_and_tile(tmp_path, scene):
 
 
 @pytest.mark.parametrize("codec", ["ffv1", "libx264"])
-def test_video_files_decode_frame_exactly(tmp_path, scene, codec):
+def test_video_files_decode_frame_exactly(tmp_path, scene, codec, monkeypatch):
+    demuxed: list[str] = []  # the segments' own demuxes of the whole video (each made the build quadratic)
+    monkeypatch.setattr(video, "video_info", lambda url, *a: demuxed.append(url) or real_video_info(url, *a))
     frames = [frame(scene, t) for t in range(40)]
     _write_video(tmp_path / "vids" / "op1.mkv", frames, codec)
     with av.open(str(tmp_path / "vids" / "op1.mkv")) as c:
@@ -135,6 +139,7 @@ def test_video_files_decode_frame_exactly(tmp_path, scene, codec):
     ds = build_shards(tmp_path / "vids", tmp_path / "ds", "--clips", "--scale", "4", "--segment", "16", "--max-span", "6")
     segs = _segments(ds)
     assert len(segs) == 4 and {m["clip"] for m, _ in segs.values()} == {"op1"}
+    assert demuxed == []  # demuxed once, by the scan: each segment seeks straight to the timestamps it was given
     got = _clip_frames(segs, "op1")
     assert len(got) == 40
     for t in range(40):  # segments start mid-GOP: each frame is the one at its timestamp

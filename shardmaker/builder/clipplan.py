@@ -39,6 +39,10 @@ class ClipPart:
     hr_frames: tuple[str, ...]  # frame URLs; () for a video (Pair.hr is the video)
     lr_frames: tuple[tuple[int, tuple[str, ...]], ...] = ()  # per provided LR scale: frame URLs; () for videos
     names: tuple[str, ...] = ()  # the frames' source names (a video's: frame numbers)
+    # a video's: the segment's presentation timestamps, from the one demux at scan time (HR; per LR scale),
+    # so that its worker seeks straight to them instead of demuxing the whole video again
+    hr_pts: tuple[int, ...] = ()
+    lr_pts: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
 
 def plan_segments(frames: int, opts: ClipOptions) -> list[tuple[int, int, int, int]]:

@@ -74,6 +74,7 @@ class _Clip:
     size: tuple[int, int]
     count: int
     stamps: list[str]
+    pts: tuple[int, ...] = ()  # a video's frame timestamps in presentation order (one demux, at scan time)
 
 
 def _list(fs: Any, root: str, out: Collector) -> tuple[dict[str, list[tuple[str, str]]], dict[str, str], list[str]]:
@@ -132,7 +133,7 @@ def _video_clip(fs: Any, root: str, rel: str, stamp: str, out: Collector, option
     except InputError as exc:
         out.problem(exc.path, exc.reason)
         return None
-    return _Clip(rel, url, [], size, len(pts), [stamp])
+    return _Clip(rel, url, [], size, len(pts), [stamp], tuple(pts))
 
 
 def _clip_key(rel: str, video: bool) -> str:
@@ -192,6 +193,8 @@ def scan_clips(
                 ),
                 names=tuple(posixpath.basename(p) for p in c.frames[first : first + count])
                 or tuple(f"frame {i}" for i in range(first, first + count)),
+                hr_pts=c.pts[first : first + count],
+                lr_pts=tuple((s, lc.pts[first : first + count]) for s, lc in lr if lc.pts),
             )
             stamps = tuple(c.stamps[first : first + count] if c.frames else c.stamps)
             stamps += tuple(st for _, lc in lr for st in (lc.stamps[first : first + count] if lc.frames else lc.stamps))

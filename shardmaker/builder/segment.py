@@ -44,8 +44,9 @@ def encode_segment(pair: Pair, cfg: SampleConfig) -> EncodedSample:
     kind: tuple[int, int] | None = None
     lr_sizes: dict[int, tuple[int, int]] = {}
     lr_urls = {s: (url, dict(part.lr_frames).get(s, ())) for s, url, _ in pair.lr}
-    lr_iters = {s: _frames(url, frames, part, cfg) for s, (url, frames) in lr_urls.items()}
-    for t, hr in enumerate(_frames(pair.hr, part.hr_frames, part, cfg)):
+    lr_pts = dict(part.lr_pts)
+    lr_iters = {s: _frames(url, frames, part, cfg, lr_pts.get(s, ())) for s, (url, frames) in lr_urls.items()}
+    for t, hr in enumerate(_frames(pair.hr, part.hr_frames, part, cfg, part.hr_pts)):
         where = f"{pair.hr} ({part.names[t]})"
         if hr.shape[:2] != (h, w):
             raise InputError(where, f"frame is {hr.shape[1]}x{hr.shape[0]}, the clip's frames {w}x{h}")
@@ -92,12 +93,12 @@ def encode_segment(pair: Pair, cfg: SampleConfig) -> EncodedSample:
     return pack_sample(header, members)
 
 
-def _frames(url: str, frame_urls: Sequence[str], part: ClipPart, cfg: SampleConfig) -> Iterator[np.ndarray]:
+def _frames(url: str, frame_urls: Sequence[str], part: ClipPart, cfg: SampleConfig, pts: Sequence[int]) -> Iterator[np.ndarray]:
     """The segment's frames in order: each frame file read and checked as a source image, or the
-    video decoded frame-exactly."""
+    video decoded frame-exactly (at the timestamps ``pts`` the scan found)."""
     if frame_urls:
         for f in frame_urls:
             with SourceImage(f, cfg) as img:
                 yield img.whole()
         return
-    yield from video_frames(url, part.first, part.count, cfg.storage_options)
+    yield from video_frames(url, part.first, part.count, cfg.storage_options, pts=tuple(pts))

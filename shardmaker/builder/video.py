@@ -62,16 +62,23 @@ class _open_video:  # noqa: N801 - a context manager used like open()
         self._f.close()
 
 
-def video_frames(url: str, first: int, count: int, storage_options: dict[str, Any] | None = None) -> Iterator[np.ndarray]:
+def video_frames(
+    url: str, first: int, count: int, storage_options: dict[str, Any] | None = None, pts: tuple[int, ...] = ()
+) -> Iterator[np.ndarray]:
     """Frames ``first .. first + count - 1`` (in presentation order) of a video, frame-exactly: seek
     to the keyframe before the first, decode forward and keep frames by their timestamps. RGB (or
-    grey) uint8, or uint16 for sources of more than 8 bits."""
+    grey) uint8, or uint16 for sources of more than 8 bits. ``pts``: those frames' timestamps, as
+    :func:`video_info` gave them at scan time (a build demuxes each video once, not once a segment:
+    that made a long video's build quadratic in its length); without them the video is demuxed here."""
     import av
 
-    _, pts = video_info(url, storage_options)
-    want = pts[first : first + count]
+    if pts:
+        want, total = list(pts), first + len(pts)
+    else:
+        _, every = video_info(url, storage_options)
+        want, total = every[first : first + count], len(every)
     if len(want) != count:
-        raise InputError(url, f"has {len(pts)} frames, not {first + count}")
+        raise InputError(url, f"has {total} frames, not {first + count}")
     try:
         with _open_video(url, storage_options) as c:
             s = c.streams.video[0]
