@@ -14,6 +14,7 @@ import logging
 import os
 import posixpath
 import re
+import stat
 import string
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -132,7 +133,8 @@ def _list_images(
     """Image files under ``root``: path -> stamp. Files that are not regular files (FIFOs,
     sockets, devices) and names that are not UTF-8 are reported to ``problem`` and left out; files
     without an image extension (``notes.txt``) are added to ``ignored`` (hidden files are not).
-    Symbolic links are followed, also where they point outside ``root``."""
+    Symbolic links to files are followed, also where they point outside ``root``; a dangling one
+    is a problem, one to a FIFO or device is left out like the FIFO itself."""
     excluded = [e.rstrip("/") + "/" for e in exclude]
     found = {}
     for path, info in sorted(fs.find(root, detail=True).items()):
@@ -149,11 +151,31 @@ def _list_images(
             shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
             (problem or _raise)(shown, "file name is not valid UTF-8 (rename it)")
             continue
+        if info.get("islink") and storage.is_local(fs):
+            info = follow_link(path, info, problem or _raise)
+            if info is None:
+                continue
         if info.get("type") != "file":
             log.warning("skipping %s: not a regular file (%s)", path, info.get("type"))
             continue
         found[path] = stamp_of(info)
     return found
+
+
+def follow_link(path: str, info: dict[str, Any], problem: Any) -> dict[str, Any] | None:
+    """A local symbolic link's listing entry as that of the file it points to (fsspec types every
+    link ``"other"``), or None, reported, where it points to nothing (``problem``: the image the
+    link names is missing) or to something that is not a regular file (a warning, as for a FIFO)."""
+    try:
+        st = os.stat(path)  # follows the link (and links to links)
+    except OSError as exc:
+        problem(path, f"symbolic link to {info.get('destination', '?')} that cannot be followed ({exc.strerror})")
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        what = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO, socket or device"
+        log.warning("skipping %s: a symbolic link to %s, not to a regular file", path, what)
+        return None
+    return {**info, "type": "file", "size": st.st_size, "mtime": st.st_mtime}
 
 
 def scan_sources(
