@@ -16,7 +16,7 @@ import posixpath
 import re
 import stat
 import string
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from typing import Any
 
 import fsspec
@@ -393,19 +393,28 @@ def _hr_images(hr_url: str, fs: Any, hr_root: str, paths: list[str], key_prefix:
     return _HrImages(hr_url, by_key, hr_rel, stem_to_key, sizes, bad, {k: [] for k in by_key})
 
 
-def _hr_key_of(stem: str, hr: _HrImages, names: re.Pattern[str] | None) -> tuple[str | None, int | None]:
-    """The HR key an LR stem pairs with, and the scale its name says (None where it says none)."""
+def hr_stem_of(lr_stem: str, hr_stems: Container[str], names: re.Pattern[str] | None = None) -> tuple[str | None, int | None]:
+    """The HR stem (one of ``hr_stems``) an LR file's stem pairs with, and the scale its name says (None
+    where it says none): the same stem, else the stem without an ``x{s}`` suffix (``babyx4`` -> ``baby``);
+    with ``names`` (:func:`lr_name_pattern`) only the stem the pattern gives. ``(None, ...)``: no HR."""
     if names is not None:
-        m = names.fullmatch(stem)
+        m = names.fullmatch(lr_stem)
         if m is None:
             return None, None
-        return hr.stem_to_key.get(m.group("stem")), int(m.group("s")) if "s" in names.groupindex else None
-    key = hr.stem_to_key.get(stem)
-    if key is None:
-        m = _XSUFFIX.match(stem)
-        if m:
-            return hr.stem_to_key.get(m.group(1)), int(m.group(2))
-    return key, None
+        stem = m.group("stem")
+        return (stem if stem in hr_stems else None), int(m.group("s")) if "s" in names.groupindex else None
+    if lr_stem in hr_stems:
+        return lr_stem, None
+    m = _XSUFFIX.match(lr_stem)
+    if m:
+        return (m.group(1) if m.group(1) in hr_stems else None), int(m.group(2))
+    return None, None
+
+
+def _hr_key_of(stem: str, hr: _HrImages, names: re.Pattern[str] | None) -> tuple[str | None, int | None]:
+    """The HR key an LR stem pairs with, and the scale its name says (None where it says none)."""
+    hr_stem, scale = hr_stem_of(stem, hr.stem_to_key, names)
+    return (None if hr_stem is None else hr.stem_to_key[hr_stem]), scale
 
 
 def _match_lr_folder(
