@@ -58,6 +58,11 @@ def test_dangling_links_and_links_to_fifos(photo_src, tmp_path, capsys, caplog):
     assert rc == 0, err  # not waited on: the FIFO has no writer
     assert load(str(tmp_path / "c")).samples == 1
     assert any("p03.png" in r.getMessage() and "FIFO" in r.getMessage() for r in caplog.records)
+    os.symlink(photo_src, split / "more")  # a link to a folder: named, not walked
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert sm(capsys, "build", split, tmp_path / "d", "--scale", "2", "--workers", "1")[0] == 0
+    assert any("more" in r.getMessage() and "link to a folder" in r.getMessage() for r in caplog.records)
 
 
 def test_a_clip_folder_of_linked_frames(tmp_path, capsys):

@@ -134,12 +134,16 @@ def _list_images(
     sockets, devices) and names that are not UTF-8 are reported to ``problem`` and left out; files
     without an image extension (``notes.txt``) are added to ``ignored`` (hidden files are not).
     Symbolic links to files are followed, also where they point outside ``root``; a dangling one
-    is a problem, one to a FIFO or device is left out like the FIFO itself."""
+    is a problem, one to a FIFO or device is left out like the FIFO itself, one to a folder is left
+    out with a warning (fsspec does not walk it)."""
     excluded = [e.rstrip("/") + "/" for e in exclude]
     found = {}
     for path, info in sorted(fs.find(root, detail=True).items()):
         base = posixpath.basename(path)
         if base.startswith(".") or any(path.startswith(e) for e in excluded):
+            continue
+        if info.get("islink") and storage.is_local(fs) and os.path.isdir(path):  # never walked: no cycles
+            log.warning("skipping %s: a symbolic link to a folder (not followed; link the files, or give the folder)", path)
             continue
         if not base.lower().endswith(codecs.SOURCE_EXTENSIONS):
             if ignored is not None:
