@@ -20,6 +20,7 @@ from typing import Any
 
 from shardmaker import deprecation, errors
 from shardmaker.builder import BuildConfig, BuildResult, SampleConfig, build, merge
+from shardmaker.builder.sources import hr_stem_of, lr_name_pattern
 from shardmaker.errors import BuildError, InputError, OnError, ShardmakerError
 from shardmaker.format import Manifest, ManifestError, load
 from shardmaker.index import IndexConfig, IndexResult, index
@@ -39,8 +40,10 @@ __all__ = [
     "SampleConfig",
     "ShardmakerError",
     "build",
+    "hr_stem_of",
     "index",
     "load",
+    "lr_name_pattern",
     "merge",
     "__version__",
     "verify",

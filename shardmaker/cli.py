@@ -335,7 +335,8 @@ def _peek_parsers(sub: Any) -> None:
         "cat",
         help="write one sample's members as files into DIR",
         description="Write the members of sample KEY as files into DIR ({key}.json, {key}.hr.png, "
-        "{key}.lr_x4.png, ...; an index's members under their names); '/' in the key becomes folders. "
+        "{key}.lr_x4.png, ...; a clip's frames as {key}.hr_f0000.png, {key}.lr_x4_f0000.png, ...; a tiled "
+        "member as one PNG assembled from its tiles; an index's members under their names); '/' in the key becomes folders. "
         "One range read of the shard; the bytes are checked against the manifest and the sample's hashes.",
     )
     c.add_argument("url", metavar="URL", help="the dataset folder, or its manifest's URL when it has another name")
@@ -346,7 +347,7 @@ def _peek_parsers(sub: Any) -> None:
 def _cat(args: argparse.Namespace) -> int:
     res = cat(args.url, args.key, args.out)
     for path in res.files:
-        print(path)
+        print(f"{path}  (assembled from {res.assembled[path]})" if path in res.assembled else path)
     return 0
 
 

@@ -10,6 +10,7 @@ import re
 import sys
 from typing import NoReturn
 
+from shardmaker.errors import missing_extra_of
 from shardmaker.exitcodes import exit_code_of
 
 __all__ = [
@@ -112,7 +113,9 @@ def storage_error(exc: BaseException) -> str | None:
 def error_exit(prog: str, exc: BaseException, bad_input: tuple[type[BaseException], ...] = ()) -> int | None:
     """For an error that ends a command: print its one line (``prog: error: ...``) and return the exit
     code of the contract (:mod:`shardmaker.exitcodes`: 69 unavailable storage, 2 bad input); None for
-    any other error, a crash that the caller lets raise (traceback, exit 1)."""
+    any other error, a crash that the caller lets raise (traceback, exit 1). An optional package
+    that is missing (``s3fs`` for an ``s3://`` URL, ...) is bad input naming the extra to install."""
+    exc = missing_extra_of(exc) or exc
     code = exit_code_of(exc, bad_input)
     if code is None:
         return None

@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import enum
+import importlib
+import re
+from types import ModuleType
 from typing import Any
 
 from shardmaker import deprecation
 
-__all__ = ["BuildError", "ImageDataError", "InputError", "OnError", "ShardmakerError", "brief"]
+__all__ = [
+    "EXTRAS",
+    "BuildError",
+    "ImageDataError",
+    "InputError",
+    "MissingExtraError",
+    "OnError",
+    "ShardmakerError",
+    "brief",
+    "missing_extra_of",
+    "require_extra",
+]
 
 BRIEF_CHARS = 80  # the most characters of a user-given value an error message quotes
 
@@ -69,6 +83,47 @@ class InputError(ShardmakerError, ValueError):
 
 class BuildError(ShardmakerError):
     """The build cannot go on: output refused, write failed, parts inconsistent."""
+
+
+# optional packages a command may need -> the extra of pyproject.toml that installs them
+EXTRAS = {"av": "video", "imagecodecs": "tiff", "tensorboard": "tensorboard", "s3fs": "s3", "simplejpeg": "jpeg"}
+
+
+class MissingExtraError(ShardmakerError, ValueError):
+    """An optional package a command needs is not installed: settings that cannot become valid by
+    trying again (exit 2), never skipped as one bad sample. The message names the extra to install."""
+
+    def __init__(self, package: str, needed_for: str, detail: str = "") -> None:
+        how = f"pip install 'wdsr[{EXTRAS[package]}]'" if package in EXTRAS else f"pip install {package}"
+        super().__init__(f"{needed_for} needs {package}, which is not installed{f' ({detail})' if detail else ''}: {how}")
+        self.package, self.needed_for, self.detail = package, needed_for, detail
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # across worker processes
+        return (type(self), (self.package, self.needed_for, self.detail))
+
+
+def require_extra(module: str, needed_for: str, package: str | None = None) -> ModuleType:
+    """``import module`` (``"av"``, ``"torch.utils.tensorboard"``), or a :class:`MissingExtraError`
+    naming ``package`` (default: the module's top level) and the extra that installs it (:data:`EXTRAS`)."""
+    package = package or module.split(".")[0]
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        detail = "" if getattr(exc, "name", None) in (package, module) else str(exc)[:120]
+        raise MissingExtraError(package, needed_for, detail) from None
+
+
+def missing_extra_of(exc: BaseException) -> MissingExtraError | None:
+    """The :class:`MissingExtraError` an import error raised outside our code stands for: fsspec's
+    "Install s3fs to access S3" for an ``s3://`` URL, or an optional package of :data:`EXTRAS` not
+    found; None for any other error."""
+    if isinstance(exc, MissingExtraError) or not isinstance(exc, ImportError):
+        return None
+    m = re.fullmatch(r"Install (\S+) to access (.+)", str(exc).strip())
+    if m:  # fsspec's registry: a URL scheme whose filesystem package is missing
+        return MissingExtraError(m.group(1), f"reading {m.group(2)}")
+    name = (getattr(exc, "name", None) or "").split(".")[0]
+    return MissingExtraError(name, "this command") if name in EXTRAS else None
 
 
 class OnError(str, enum.Enum):

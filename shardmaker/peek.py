@@ -3,7 +3,9 @@
 Everything goes through :mod:`shardmaker.format`: the manifest is checked on load, a shard's
 location is :func:`shard_path`, and a sample is one range read (``ShardInfo.offsets``, or the
 member places of an index of foreign shards) bounded by the manifest, parsed with the bounded tar
-reader and checked against the digests the set records before anything is written.
+reader and checked against the digests the set records before anything is written. Image samples,
+tiled samples (each tiled member assembled from its tiles into one PNG) and clip segments (a file
+per frame, HR and each LR) alike.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import xxhash
 
 from shardmaker import format as mf
-from shardmaker import storage
+from shardmaker import imaging, storage
 from shardmaker.errors import ShardmakerError
 from shardmaker.format import Manifest, ShardInfo, tario
 
@@ -31,10 +33,12 @@ class PeekError(ShardmakerError, ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class SampleFiles:
-    """What :func:`cat` wrote: the shard it read and each file, in member order."""
+    """What :func:`cat` wrote: the shard it read and each file, in member order; ``assembled``: the
+    files of tiled members, each one image assembled from its tiles (how many, of which side)."""
 
     shard: str
     files: list[Path]
+    assembled: dict[Path, str] = dataclasses.field(default_factory=dict)
 
 
 def manifest_of(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Manifest, str]:
@@ -83,20 +87,28 @@ def _read_range(fs: Any, path: str, start: int, n: int) -> bytes:
 
 def _own_members(m: Manifest, sh: ShardInfo, i: int, data: bytes) -> dict[str, bytes]:
     """The members of sample ``i`` of one of shardmaker's shards, from its bytes (read from its
-    offset): exactly ``json``, ``hr.ext`` and one ``lr_x{s}.ext`` per scale, under its key."""
+    offset), under its key: exactly ``json``, ``hr.ext`` and one ``lr_x{s}.ext`` per scale (``ext``:
+    the codec, or ``tiles`` for a tiled sample), or for a clip segment (``shardmaker build --clips``)
+    ``json`` and each frame's ``hr_f0003.ext``, ``lr_x4_f0003.ext``, ... as its header counts them."""
     key = sh.keys[i]
     where = f"{sh.name} key {key!r}"
-    want = [mf.JSON_MEMBER, mf.hr_member(m.codec), *(mf.lr_member(s, m.codec) for s in m.scales)]
+    ext = mf.TILED if sh.tiled(i) else m.codec
+    want = [mf.JSON_MEMBER, mf.hr_member(ext), *(mf.lr_member(s, ext) for s in m.scales)]
     try:
         got_key, offset, members = next(tario.iter_samples(io.BytesIO(data), limit=len(data)))
     except StopIteration:
         raise PeekError(f"{where}: no tar member at byte {sh.offsets[i]}") from None
     except tario.TarFormatError as exc:
         raise PeekError(f"{where}: {exc}") from None
-    if got_key != key or offset != 0 or list(members) != want:
-        raise PeekError(f"{where}: found {got_key!r} with members {list(members)} where the manifest puts it")
+    misplaced = PeekError(f"{where}: found {got_key!r} with members {list(members)} where the manifest puts it")
+    if got_key != key or offset != 0 or mf.JSON_MEMBER not in members:
+        raise misplaced
     try:
         header = mf.SampleHeader.parse(members[mf.JSON_MEMBER], sh.name, key)
+        if header.clip is not None and isinstance(m.build.get("clips"), dict):  # a clip segment: its frames
+            want = mf.clip_members(header.clip.frames, m.scales, mf.clip_ext(members) or m.codec)
+        if list(members) != want:
+            raise misplaced
         if sorted(header.digests.sha256) != sorted(want[1:]):
             raise mf.SampleHeaderError(sh.name, key, f"its {key}.json does not describe this sample (digests of other members)")
         mf.check_digests(header.digests, members, want[1:], mf.DigestAlgorithm.SHA256, sh.name, key)
@@ -151,8 +163,27 @@ def cat(url: str, key: str, out_dir: str | Path, storage_options: dict[str, Any]
         end = int(sh.offsets[i + 1]) if i + 1 < sh.samples else sh.bytes
         members = _own_members(m, sh, i, _read_range(fs, path, int(sh.offsets[i]), end - int(sh.offsets[i])))
     out = Path(out_dir)
-    files = [_target(out, key, name) for name in members]
-    for target, data in zip(files, members.values(), strict=True):
+    assembled: dict[Path, str] = {}
+    written: dict[str, bytes] = {}
+    for name, data in members.items():
+        if name.endswith("." + mf.TILED) and sh.members is None:  # one image, assembled from its tiles
+            name = name[: -len(mf.TILED)] + "png"
+            written[name], assembled[_target(out, key, name)] = _assemble(data, sh.name, key, name)
+        else:
+            written[name] = data
+    files = [_target(out, key, name) for name in written]
+    for target, data in zip(files, written.values(), strict=True):
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
-    return SampleFiles(sh.name, files)
+    return SampleFiles(sh.name, files, assembled)
+
+
+def _assemble(data: bytes, shard: str, key: str, name: str) -> tuple[bytes, str]:
+    """A tiled member (digests already checked) as one PNG of the whole image, and how it was tiled."""
+    try:
+        img = imaging.TiledImage(data, verify=True)
+        pixels = img.region(0, 0, img.header.height, img.header.width)
+    except ValueError as exc:  # TileFormatError, ImageDataError: a tile that is not what its index says
+        raise PeekError(f"{shard} key {key!r}: {name}: {exc}") from None
+    h = img.header
+    return imaging.encode(pixels, imaging.Codec.PNG, 6), f"{h.cols * h.rows} tiles of {h.tile} px"

@@ -12,7 +12,8 @@ import numpy as np
 import webdataset as wds
 from PIL import Image
 
-from tests.helpers import build_shards, load_rgb, photos, rewrite, sm
+from shardmaker import imaging
+from tests.helpers import build_shards, load_rgb, photos, rewrite, save, sm
 
 
 def _manifest(ds: Path) -> dict:
@@ -59,6 +60,50 @@ def test_cat_writes_the_members_of_a_sample_as_in_the_shard(capsys, photo_shards
             assert (out / n).read_bytes() == in_tar[n], n
         meta = json.loads((out / f"{key}.json").read_text())
         assert meta["key"] == key and list(Image.open(out / f"{key}.hr.png").size) == meta["hr_size"]
+
+
+def _pixels(path: Path) -> np.ndarray:
+    return np.asarray(Image.open(path))
+
+
+def test_cat_assembles_a_tiled_sample_into_images(capsys, tmp_path):
+    """A tiled sample's members are tiles: cat writes each as one PNG of the whole image, assembled."""
+    hr = np.ascontiguousarray(photos()[1][:150, :200])
+    save(tmp_path / "src" / "a.png", hr)
+    ds = build_shards(tmp_path / "src", tmp_path / "ds", "--scale", "2,4", "--tiles", "64")
+    capsys.readouterr()
+    rc, stdout, err = sm(capsys, "cat", ds, "a", "-o", tmp_path / "out")
+    assert rc == 0 and err == "", err
+    out = tmp_path / "out"
+    assert stdout.splitlines() == [
+        str(out / "a.json"),
+        f"{out / 'a.hr.png'}  (assembled from 12 tiles of 64 px)",
+        f"{out / 'a.lr_x2.png'}  (assembled from 12 tiles of 32 px)",
+        f"{out / 'a.lr_x4.png'}  (assembled from 12 tiles of 16 px)",
+    ]
+    assert np.array_equal(_pixels(out / "a.hr.png"), hr)  # PNG tiles: lossless
+    for s in (2, 4):
+        assert np.array_equal(_pixels(out / f"a.lr_x{s}.png"), imaging.downscale(hr[: 150 // s * s], s))
+
+
+def test_cat_writes_a_clips_frames_hr_and_lr(capsys, tmp_path):
+    """A clip segment: one file per frame, HR and LR; stored as tiles (--tiles), each frame assembled."""
+    frames = [np.ascontiguousarray(photos()[0][t : t + 40, 2 * t : 2 * t + 64]) for t in range(3)]
+    for t, f in enumerate(frames):
+        save(tmp_path / "src" / "clip0" / f"{t:04d}.png", f)
+    for tiles in ("off", "32"):
+        ds = build_shards(tmp_path / "src", tmp_path / f"ds{tiles}", "--clips", "--scale", "4", "--tiles", tiles)
+        key = _manifest(ds)["shards"][0]["keys"][0]
+        out = tmp_path / f"out{tiles}"
+        capsys.readouterr()
+        rc, stdout, err = sm(capsys, "cat", ds, key, "-o", out)
+        assert rc == 0 and err == "", err
+        names = [f"{key}.json"] + [f"{key}.{side}_f{t:04d}.png" for t in range(3) for side in ("hr", "lr_x4")]
+        assert [line.split("  (")[0] for line in stdout.splitlines()] == [str(out / n) for n in names]
+        assert ("assembled from 4 tiles of 32 px" in stdout) == (tiles == "32")
+        for t, f in enumerate(frames):
+            assert np.array_equal(_pixels(out / f"{key}.hr_f{t:04d}.png"), f)
+            assert np.array_equal(_pixels(out / f"{key}.lr_x4_f{t:04d}.png"), imaging.downscale(f, 4))
 
 
 def test_cat_turns_slashes_in_keys_into_folders(capsys, hr_tree, tmp_path):

@@ -141,6 +141,47 @@ def test_hr_reference_prints_psnr_and_ssim_per_image_and_the_mean(photo_shards, 
     assert "mean over 2 images: PSNR-Y" in text
 
 
+def _set5_like(root: Path) -> None:
+    """HR ``baby.png``, ``head.png``; LR named as Set5 (``babyx4.png``) and as RCAN (``head_LRBI_x4.png``)."""
+    for name, pic, lr_name in (("baby", 0, "babyx4"), ("head", 2, "head_LRBI_x4")):
+        hr = np.ascontiguousarray(photos()[pic][40:90, 30:97])  # 67x50: a mod-crop of 3 and 2 px at x4
+        save(root / "hr" / f"{name}.png", hr)
+        save(root / "lr" / f"{lr_name}.png", imaging.downscale(np.ascontiguousarray(hr[:48, :64]), 4))
+
+
+def test_hr_references_pair_like_shardmaker_build(photo_shards, tmp_path_factory, tmp_path, capsys):
+    """``babyx4.png`` pairs with ``baby.png`` (DIV2K/Set5 naming), ``--lr-pattern`` as build's."""
+    run = trained_run(photo_shards, tmp_path_factory)
+    _set5_like(tmp_path)
+    lr, hr = tmp_path / "lr", str(tmp_path / "hr")
+    assert _upscale(run, str(lr / "babyx4.png"), "-o", str(tmp_path / "a"), "--hr", hr) == 0
+    assert "PSNR-Y" in capsys.readouterr().out and (tmp_path / "a" / "babyx4.png").is_file()
+    assert _upscale(run, str(lr), "-o", str(tmp_path / "b"), "--hr", hr, "--lr-pattern", "{stem}_LRBI_x{s}") == 2
+    assert "babyx4.png: no HR image in" in capsys.readouterr().err  # with a pattern, only the pattern pairs
+    assert (
+        _upscale(run, str(lr / "head_LRBI_x4.png"), "-o", str(tmp_path / "b"), "--hr", hr, "--lr-pattern", "{stem}_LRBI_x{s}")
+        == 0
+    )
+    assert "mean over 1 images" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("case", ["unpaired", "scale_in_name", "size"])
+def test_hr_pairs_are_checked_before_anything_is_written(photo_shards, tmp_path_factory, tmp_path, capsys, case):
+    run = trained_run(photo_shards, tmp_path_factory)
+    _set5_like(tmp_path)
+    lr = tmp_path / "lr"
+    (lr / "head_LRBI_x4.png").unlink()
+    bad = {"unpaired": "zebra.png", "scale_in_name": "headx2.png", "size": "head.png"}[case]
+    img = np.ascontiguousarray(photos()[1][:12, :16])
+    save(lr / bad, img if case != "size" else np.ascontiguousarray(photos()[1][:10, :16]))
+    assert _upscale(run, str(lr), "-o", str(tmp_path / "out"), "--hr", str(tmp_path / "hr")) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and bad in err, err
+    says = {"unpaired": "no HR image named zebra.*", "scale_in_name": "its name says x2", "size": "is not x4 the size"}[case]
+    assert says in err, err
+    assert not (tmp_path / "out").exists()  # babyx4.png comes first and pairs: still nothing written
+
+
 @pytest.mark.parametrize("case", ["not_a_checkpoint", "foreign_checkpoint", "no_run", "missing_image", "no_hr"])
 def test_bad_input_is_one_line_and_exit_2(photo_shards, tmp_path_factory, tmp_path, capsys, case):
     run = trained_run(photo_shards, tmp_path_factory)

@@ -24,7 +24,7 @@ from typing import Any
 
 from shardmaker import storage
 from shardmaker.builder.clipplan import DEFAULT_MAX_SPAN, DEFAULT_SEGMENT, ClipOptions, ClipPart, plan_segments
-from shardmaker.builder.sources import Collector, Pair, Skipped, header_size, make_key, open_root, scale_of, stamp_of
+from shardmaker.builder.sources import Collector, Pair, Skipped, follow_link, header_size, make_key, open_root, scale_of, stamp_of
 from shardmaker.builder.video import VIDEO_EXTENSIONS, video_info
 from shardmaker.errors import InputError, OnError
 from shardmaker.imaging import codecs
@@ -88,6 +88,10 @@ def _list(fs: Any, root: str, out: Collector) -> tuple[dict[str, list[tuple[str,
         rel = posixpath.relpath(path, root)
         if base.startswith(".") or any(part.startswith(".") for part in rel.split("/")[:-1]):
             continue
+        if info.get("islink") and storage.is_local(fs):
+            info = follow_link(path, info, out.problem)
+            if info is None:
+                continue
         if info.get("type") != "file":
             continue
         low = base.lower()

@@ -16,12 +16,12 @@ from fsspec.core import url_to_fs
 
 from shardmaker import storage
 from shardmaker.builder.regions import DEFAULT_REGION, Region, region_lr
-from shardmaker.errors import InputError, brief
+from shardmaker.errors import InputError, MissingExtraError, brief
 from shardmaker.format import pair_fits
 from shardmaker.format import tiles as tl
 from shardmaker.imaging import codecs
 from shardmaker.imaging.codecs import Codec, ImageDataError
-from shardmaker.imaging.regions import TiffFallback, TiffRegions, is_tiff
+from shardmaker.imaging.regions import MissingCodecError, TiffFallback, TiffRegions, is_tiff
 from shardmaker.imaging.resize import ResizeMethod
 from shardmaker.imaging.tiled import encode_tiled
 
@@ -152,8 +152,11 @@ class SourceImage:
             assert self._tif is not None
             try:
                 return self._tif.read(y, x, h, w)
-            except TiffFallback:  # segments that need imagecodecs, missing here: the whole TIFF as Pillow reads it
-                self._f.seek(0)
+            except MissingCodecError as exc:  # segments that need imagecodecs, missing here
+                if (y, x, h, w) != (0, 0, self.height, self.width):  # a region: never the whole image instead
+                    what = f"{self.url}: reading this TIFF ({exc.compression} segments) region by region"
+                    raise MissingExtraError("imagecodecs", what) from None
+                self._f.seek(0)  # the whole image was asked for: the whole TIFF as Pillow reads it
                 try:
                     self._pixels = codecs.load_source(self._f.read(), self._cfg.drop_alpha, self._cfg.max_pixels, ".tif")
                 except ImageDataError as exc:

@@ -14,8 +14,9 @@ import logging
 import os
 import posixpath
 import re
+import stat
 import string
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from typing import Any
 
 import fsspec
@@ -132,12 +133,17 @@ def _list_images(
     """Image files under ``root``: path -> stamp. Files that are not regular files (FIFOs,
     sockets, devices) and names that are not UTF-8 are reported to ``problem`` and left out; files
     without an image extension (``notes.txt``) are added to ``ignored`` (hidden files are not).
-    Symbolic links are followed, also where they point outside ``root``."""
+    Symbolic links to files are followed, also where they point outside ``root``; a dangling one
+    is a problem, one to a FIFO or device is left out like the FIFO itself, one to a folder is left
+    out with a warning (fsspec does not walk it)."""
     excluded = [e.rstrip("/") + "/" for e in exclude]
     found = {}
     for path, info in sorted(fs.find(root, detail=True).items()):
         base = posixpath.basename(path)
         if base.startswith(".") or any(path.startswith(e) for e in excluded):
+            continue
+        if info.get("islink") and storage.is_local(fs) and os.path.isdir(path):  # never walked: no cycles
+            log.warning("skipping %s: a symbolic link to a folder (not followed; link the files, or give the folder)", path)
             continue
         if not base.lower().endswith(codecs.SOURCE_EXTENSIONS):
             if ignored is not None:
@@ -149,11 +155,31 @@ def _list_images(
             shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
             (problem or _raise)(shown, "file name is not valid UTF-8 (rename it)")
             continue
+        if info.get("islink") and storage.is_local(fs):
+            info = follow_link(path, info, problem or _raise)
+            if info is None:
+                continue
         if info.get("type") != "file":
             log.warning("skipping %s: not a regular file (%s)", path, info.get("type"))
             continue
         found[path] = stamp_of(info)
     return found
+
+
+def follow_link(path: str, info: dict[str, Any], problem: Any) -> dict[str, Any] | None:
+    """A local symbolic link's listing entry as that of the file it points to (fsspec types every
+    link ``"other"``), or None, reported, where it points to nothing (``problem``: the image the
+    link names is missing) or to something that is not a regular file (a warning, as for a FIFO)."""
+    try:
+        st = os.stat(path)  # follows the link (and links to links)
+    except OSError as exc:
+        problem(path, f"symbolic link to {info.get('destination', '?')} that cannot be followed ({exc.strerror})")
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        what = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO, socket or device"
+        log.warning("skipping %s: a symbolic link to %s, not to a regular file", path, what)
+        return None
+    return {**info, "type": "file", "size": st.st_size, "mtime": st.st_mtime}
 
 
 def scan_sources(
@@ -371,19 +397,28 @@ def _hr_images(hr_url: str, fs: Any, hr_root: str, paths: list[str], key_prefix:
     return _HrImages(hr_url, by_key, hr_rel, stem_to_key, sizes, bad, {k: [] for k in by_key})
 
 
-def _hr_key_of(stem: str, hr: _HrImages, names: re.Pattern[str] | None) -> tuple[str | None, int | None]:
-    """The HR key an LR stem pairs with, and the scale its name says (None where it says none)."""
+def hr_stem_of(lr_stem: str, hr_stems: Container[str], names: re.Pattern[str] | None = None) -> tuple[str | None, int | None]:
+    """The HR stem (one of ``hr_stems``) an LR file's stem pairs with, and the scale its name says (None
+    where it says none): the same stem, else the stem without an ``x{s}`` suffix (``babyx4`` -> ``baby``);
+    with ``names`` (:func:`lr_name_pattern`) only the stem the pattern gives. ``(None, ...)``: no HR."""
     if names is not None:
-        m = names.fullmatch(stem)
+        m = names.fullmatch(lr_stem)
         if m is None:
             return None, None
-        return hr.stem_to_key.get(m.group("stem")), int(m.group("s")) if "s" in names.groupindex else None
-    key = hr.stem_to_key.get(stem)
-    if key is None:
-        m = _XSUFFIX.match(stem)
-        if m:
-            return hr.stem_to_key.get(m.group(1)), int(m.group(2))
-    return key, None
+        stem = m.group("stem")
+        return (stem if stem in hr_stems else None), int(m.group("s")) if "s" in names.groupindex else None
+    if lr_stem in hr_stems:
+        return lr_stem, None
+    m = _XSUFFIX.match(lr_stem)
+    if m:
+        return (m.group(1) if m.group(1) in hr_stems else None), int(m.group(2))
+    return None, None
+
+
+def _hr_key_of(stem: str, hr: _HrImages, names: re.Pattern[str] | None) -> tuple[str | None, int | None]:
+    """The HR key an LR stem pairs with, and the scale its name says (None where it says none)."""
+    hr_stem, scale = hr_stem_of(stem, hr.stem_to_key, names)
+    return (None if hr_stem is None else hr.stem_to_key[hr_stem]), scale
 
 
 def _match_lr_folder(

@@ -10,7 +10,7 @@ import numpy as np
 from fsspec.core import url_to_fs
 
 from shardmaker import storage
-from shardmaker.errors import InputError
+from shardmaker.errors import InputError, require_extra
 from shardmaker.format import MAX_CLIP_FRAMES
 
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm")
@@ -19,7 +19,7 @@ VIDEO_EXTENSIONS = (".mp4", ".mkv", ".mov", ".avi", ".webm")
 def video_info(url: str, storage_options: dict[str, Any] | None = None) -> tuple[tuple[int, int], list[int]]:
     """``((w, h), presentation timestamps of every frame in order)`` of a video's first video stream,
     from its packets alone (nothing is decoded)."""
-    import av
+    av = require_extra("av", f"{url}: reading a video")
 
     try:
         with _open_video(url, storage_options) as c:
@@ -44,7 +44,7 @@ class _open_video:  # noqa: N801 - a context manager used like open()
     """A video container on a local path or an fsspec URL (a regular file: never blocks)."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None) -> None:
-        import av
+        av = require_extra("av", f"{url}: reading a video")
 
         fs, path = url_to_fs(url, **(storage_options or {}))
         self._f = storage.open_input(fs, path)
@@ -70,7 +70,7 @@ def video_frames(
     grey) uint8, or uint16 for sources of more than 8 bits. ``pts``: those frames' timestamps, as
     :func:`video_info` gave them at scan time (a build demuxes each video once, not once a segment:
     that made a long video's build quadratic in its length); without them the video is demuxed here."""
-    import av
+    av = require_extra("av", f"{url}: reading a video")
 
     if pts:
         want, total = list(pts), first + len(pts)

@@ -5,7 +5,7 @@ from the tiles it touches), ``regions`` (large TIFF sources read region by regio
 
 A public door of ``shardmaker``: ``wdsr`` uses the names below and nothing else from here."""
 
-from shardmaker.imaging.codecs import Codec, ImageDataError, decode, encode, load_source
+from shardmaker.imaging.codecs import Codec, ImageDataError, decode, encode, image_size, load_source
 from shardmaker.imaging.croplr import crop_lr
 from shardmaker.imaging.regions import TiffRegions, is_tiff
 from shardmaker.imaging.resize import ResizeMethod, downscale, upscale
@@ -23,6 +23,7 @@ __all__ = [
     "downscale",
     "encode",
     "encode_tiled",
+    "image_size",
     "is_tiff",
     "load_source",
     "read_layout",

@@ -38,7 +38,15 @@ class TiffFallback(ImageDataError):
 
 
 class MissingCodecError(TiffFallback):
-    """A TIFF whose segments need ``imagecodecs`` (the ``tiff`` extra), which is not installed."""
+    """A TIFF whose segments need ``imagecodecs`` (the ``tiff`` extra), which is not installed:
+    ``compression`` names their codec (``JPEG``, ``LZW``, ...)."""
+
+    def __init__(self, message: str, compression: str = "") -> None:
+        super().__init__(message)
+        self.compression = compression
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (type(self), (str(self), self.compression))
 
 
 def is_tiff(head: bytes) -> bool:
@@ -154,7 +162,8 @@ class TiffRegions:
         except Exception as e:  # noqa: BLE001 - a codec's own error on corrupt data
             if "imagecodecs" in str(e):  # tifffile needs it for LZW, zstd, JPEG, ... segments: the tiff extra
                 raise MissingCodecError(
-                    f"TIFF segment {i}: {page.compression.name} segments need imagecodecs (pip install 'wdsr[tiff]')"
+                    f"TIFF segment {i}: {page.compression.name} segments need imagecodecs (pip install 'wdsr[tiff]')",
+                    page.compression.name,
                 ) from None
             raise ImageDataError(f"TIFF segment {i}: {type(e).__name__}: {str(e)[:200]}") from None
         short = (1, self._rows(i), sw, samples)  # a last strip holds the rows left

@@ -170,7 +170,18 @@ def _tool_parsers(sub: Any) -> None:
         "as context beyond its edges (default 32, at most a quarter of --tile)",
     )
     u.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto (default): CUDA if there")
-    u.add_argument("--hr", metavar="HR_DIR", help="folder of HR references (same file stems): print PSNR-Y/SSIM-Y")
+    u.add_argument(
+        "--hr",
+        metavar="HR_DIR",
+        help="folder of HR references: print PSNR-Y/SSIM-Y; paired as shardmaker build --lr pairs "
+        "(the same name, or the name + 'x<scale>': babyx4.png with baby.png), all checked before any work",
+    )
+    u.add_argument(
+        "--lr-pattern",
+        metavar="PATTERN",
+        help="with --hr: the IMAGES' names (no extension) from the HR name {stem} and the scale {s}, "
+        "as shardmaker build --lr-pattern: '{stem}_LRBI_x{s}'",
+    )
     u.add_argument("--overwrite", action="store_true", help="replace existing OUT/<name>.png files (an input is never replaced)")
     g = sub.add_parser(
         "plot",
@@ -408,8 +419,10 @@ def _upscale(args: argparse.Namespace) -> int:
     m = load_model(args.checkpoint, pick_device(args.device))
     print(f"{m.source}: {m.name} x{m.scale}, step {m.step}; {len(images)} image(s)")
     hr = Path(args.hr) if args.hr else None
+    if args.lr_pattern is not None and hr is None:
+        raise ValueError("--lr-pattern names the images' HR references: give --hr too")
     overlap = min(32, args.tile // 4) if args.overlap is None else args.overlap
-    print(report(upscale_files(m, images, Path(args.output), args.tile or None, overlap, hr, args.overwrite)))
+    print(report(upscale_files(m, images, Path(args.output), args.tile or None, overlap, hr, args.overwrite, args.lr_pattern)))
     return 0
 
 

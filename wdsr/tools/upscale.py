@@ -29,11 +29,10 @@ from shardmaker import imaging, storage
 from shardmaker.imaging import Codec
 from wdsr.metrics import psnr_y, ssim_y
 from wdsr.pipeline.tiles import stitch, tile_boxes
+from wdsr.tools.references import IMAGE_EXTS, crop_reference, pair_references
 from wdsr.train.checkpoint import FORMAT, RunDir, RunError
 from wdsr.train.models import build_model
 from wdsr.train.validate import super_resolve
-
-IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp")
 
 
 @dataclasses.dataclass
@@ -208,18 +207,6 @@ def read_image(path: Path) -> np.ndarray:
         raise ValueError(f"{path}: {exc}") from None
 
 
-def _reference(hr_dir: Path, stem: str, shape: tuple[int, ...], scale: int) -> np.ndarray:
-    """The HR image of the same stem, mod-cropped to the SR size (larger by less than the scale)."""
-    found = [f for f in sorted(hr_dir.iterdir()) if f.stem == stem and f.suffix.lower() in IMAGE_EXTS]
-    if not found:
-        raise FileNotFoundError(f"{hr_dir}: no HR image named {stem}.*")
-    hr = read_image(found[0])
-    h, w = shape[:2]
-    if not (h <= hr.shape[0] < h + scale and w <= hr.shape[1] < w + scale):
-        raise ValueError(f"{found[0]}: HR {hr.shape[1]}x{hr.shape[0]} does not match SR {w}x{h} (x{scale})")
-    return hr[:h, :w]
-
-
 @dataclasses.dataclass
 class Result:
     name: str
@@ -274,22 +261,26 @@ def upscale_files(
     overlap: int,
     hr_dir: Path | None = None,
     overwrite: bool = False,
+    lr_pattern: str | None = None,
 ) -> list[Result]:
-    """Upscale each image to ``out/<stem>.png``; with ``hr_dir``, PSNR-Y / SSIM-Y against its HR. An input is
-    never replaced, an existing file only with ``overwrite`` (checked for all images before the first is written)."""
-    if hr_dir is not None and not hr_dir.is_dir():
-        raise FileNotFoundError(f"--hr {hr_dir}: no such folder")
-    out.mkdir(parents=True, exist_ok=True)
+    """Upscale each image to ``out/<stem>.png``; with ``hr_dir``, PSNR-Y / SSIM-Y against its HR (paired by
+    name as ``shardmaker build --lr`` pairs, ``lr_pattern`` as its ``--lr-pattern``). An input is never
+    replaced, an existing file only with ``overwrite``; outputs and HR pairs are checked for all images
+    before the first is written."""
+    refs = pair_references(images, hr_dir, m.scale, lr_pattern) if hr_dir is not None else {}
     targets = plan_outputs(images, out, overwrite)
+    out.mkdir(parents=True, exist_ok=True)
     results = []
     for path, target in zip(images, targets, strict=True):
         sr = upscale_image(m, read_image(path), tile, overlap)
+        hr = None
+        if path in refs:
+            hr = crop_reference(read_image(refs[path]), refs[path], sr.shape, m.scale)
+            if hr.dtype != sr.dtype:
+                raise ValueError(f"{path}: {sr.dtype} input but a {hr.dtype} HR reference ({refs[path]})")
         write_output(target, imaging.encode(sr, Codec.PNG, 6), overwrite)
         r = Result(path.stem, target, (sr.shape[1], sr.shape[0]))
-        if hr_dir is not None:
-            hr = _reference(hr_dir, path.stem, sr.shape, m.scale)
-            if hr.dtype != sr.dtype:
-                raise ValueError(f"{path}: {sr.dtype} input but a {hr.dtype} HR reference")
+        if hr is not None:
             r.psnr_y, r.ssim_y = psnr_y(sr, hr, crop_border=m.scale), ssim_y(sr, hr, crop_border=m.scale)
         results.append(r)
     return results

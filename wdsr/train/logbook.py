@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from shardmaker.errors import require_extra
 from wdsr.train import history
 from wdsr.train.checkpoint import Diverged, RunDir
 from wdsr.train.config import TrainConfig
@@ -43,14 +44,9 @@ class MetricsLog:
         self.tb = None
         self.tb_uploads: history.Uploads | None = None
         if cfg.tensorboard and not standby:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ValueError(
-                    "--tensorboard needs the tensorboard package: pip install tensorboard (the 'tensorboard' extra)"
-                ) from None
+            tb = require_extra("torch.utils.tensorboard", "--tensorboard", package="tensorboard")
             # an event file per attempt; TensorBoard hides the earlier attempts' steps after ``start``
-            self.tb = SummaryWriter(str(folder / "tb"), purge_step=start + 1)
+            self.tb = tb.SummaryWriter(str(folder / "tb"), purge_step=start + 1)
             if not run.local:
                 self.tb_uploads = history.Uploads(run, folder / "tb", "tb")
         if not run.local:
