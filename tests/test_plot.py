@@ -57,7 +57,7 @@ def test_plot_reads_and_writes_fsspec_urls_and_says_what_is_missing(photo_shards
 def test_plot_errors_are_one_line_and_exit_2(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     (tmp_path / "bad").mkdir()
-    (tmp_path / "bad" / "metrics.jsonl").write_text('not json\n{"step": 1}\n')
+    (tmp_path / "bad" / "metrics.jsonl").write_text('not json\n{"step": true}\n')  # bad lines only
     for run in (tmp_path / "empty", tmp_path / "bad"):
         rc = main(["plot", str(run), "-o", str(tmp_path / "c.png")])
         err = capsys.readouterr().err
