@@ -4,6 +4,7 @@ under RLIMIT_AS), every series decimated to a bounded number of points."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import subprocess
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from wdsr.jsonl import MAX_LINE
+from wdsr.jsonl import MAX_LINE, lines
 from wdsr.tools.cli import main
 from wdsr.tools.curves import Curve, read_metrics
 from wdsr.tools.plot import BAD, COLS, LINE, PANEL_H, PANEL_W, PANELS, draw, series
@@ -138,6 +139,17 @@ def test_a_resume_replay_replaces_later_lines_of_every_series(tmp_path):
     assert series(m, "loss") == [(float(s), 1.0 if s < 5 else 0.5) for s in range(1, 9)]
     assert series(m, "psnr_y") == [(8.0, 25.0)]  # the dead attempt's validation at step 6 is gone
     draw(m)
+
+
+def test_chunked_lines_equal_a_split_whatever_the_chunk_and_bound():
+    rng = np.random.default_rng(1)
+    for _ in range(3000):
+        data = bytes(rng.choice(list(b"ab\n"), size=int(rng.integers(0, 40))).tolist())
+        bound, chunk = int(rng.integers(0, 8)), int(rng.integers(1, 10))
+        pieces = data.split(b"\n")
+        want = [p + b"\n" for p in pieces[:-1]] + ([pieces[-1]] if pieces[-1] else [])
+        want_ = [None if len(w.rstrip(b"\n")) > bound else w for w in want]
+        assert list(lines(io.BytesIO(data), bound, chunk)) == want_, (data, bound, chunk)
 
 
 def _child(*files: Path) -> subprocess.CompletedProcess[str]:
