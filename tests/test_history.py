@@ -11,9 +11,10 @@ import pytest
 
 from tests.helpers import S3_BUCKET
 from tests.s3server import s3fs_for
+from wdsr.jsonl import lines
 from wdsr.tools.cli import main
 from wdsr.tools.plot import read_metrics, series
-from wdsr.train.history import Carried, carry, lines
+from wdsr.train.history import Carried, carry
 
 SMALL = ["--patch-size", "48", "-k", "4", "--batch-size", "4", "--workers", "1", "--shuffle-buffer", "16"]
 TORN = b'{"step": 7, "epoch": 0, "lo'  # what a process killed mid-write leaves

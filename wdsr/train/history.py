@@ -23,17 +23,15 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from shardmaker import storage
+from wdsr.jsonl import MAX_LINE, lines
 from wdsr.train.checkpoint import RunDir, RunError
 
 log = logging.getLogger("wdsr")
 NAME = "metrics.jsonl"
-MAX_LINE = 1 << 20  # a line wdsr train writes is under 1 KB (the last one: a digest per rank)
-_CHUNK = 1 << 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,24 +46,6 @@ class Carried:
     def __post_init__(self) -> None:
         if min(self.kept, self.replayed, self.unreadable) < 0:
             raise ValueError(f"line counts must be >= 0: {self}")
-
-
-def lines(f: BinaryIO, bound: int = MAX_LINE) -> Iterator[bytes | None]:
-    """The lines of ``f``, each with its newline if it had one; ``None`` for a line longer than ``bound``
-    (never held whole: memory stays under ``bound`` + a chunk)."""
-    buf, over = b"", False
-    while data := f.read(_CHUNK):
-        buf += data
-        start = 0
-        while (end := buf.find(b"\n", start)) >= 0:
-            line = buf[start : end + 1]
-            yield None if over or len(line) > bound + 1 else line
-            start, over = end + 1, False
-        buf = buf[start:]
-        if len(buf) > bound:
-            buf, over = b"", True
-    if over or buf:
-        yield None if over or len(buf) > bound else buf
 
 
 def _step(record: object) -> int | None:
