@@ -1,7 +1,9 @@
 """The README's quick start, run as written (its ``wdsr`` lines parsed from README.md; ``make demo``'s
 shards made by ``shardmaker.demo``, the half of it they need): the model it trains must beat MATLAB
 bicubic on Set5 x4 (PSNR-Y, ``scale`` border pixels cropped) by at least 0.1 dB, and its output of the
-photo must keep bicubic's mean colour within 3 levels. Also: a fresh built-in model is bicubic."""
+photo must keep bicubic's mean colour within 3 levels. Also: a fresh built-in model is bicubic, its
+sub-pixel convs start without checkerboard (ICNR), and checkpoints from before the variant field keep
+their plain network in ``wdsr upscale`` and ``--resume``."""
 
 from __future__ import annotations
 
@@ -126,3 +128,18 @@ def test_resuming_a_run_from_before_the_variant_keeps_its_plain_model(photo_shar
     assert main([*base, "--steps", "2", "--resume"]) == 0
     assert torch.load(tmp_path / "run" / "checkpoints" / "step-00000002.pt", weights_only=True)["config"]["residual"] == "none"
     assert load_model(str(tmp_path / "run")).model.skip is None
+
+
+def test_icnr_sub_pixel_convs_start_without_checkerboard():
+    """Each stage of EDSR's upsampler (two x2 stages for x4, one x3) starts as a conv followed by nearest
+    upsampling: its output is constant over the r x r block of one input pixel, whatever the features."""
+    torch.manual_seed(0)
+    for scale in (4, 3):
+        up = build_model("edsr-baseline", scale).tail[0]
+        x = torch.randn(2, 64, 6, 5)
+        with torch.no_grad():
+            for conv, shuffle in zip(up[::2], up[1::2], strict=True):
+                r = shuffle.upscale_factor
+                x = shuffle(conv(x))
+                assert x.abs().max() > 0
+                assert torch.equal(x, x[..., ::r, ::r].repeat_interleave(r, -2).repeat_interleave(r, -1)), (scale, r)
