@@ -31,7 +31,7 @@ from wdsr.metrics import psnr_y, ssim_y
 from wdsr.pipeline.tiles import stitch, tile_boxes
 from wdsr.tools.references import IMAGE_EXTS, crop_reference, pair_references
 from wdsr.train.checkpoint import FORMAT, RunDir, RunError
-from wdsr.train.models import build_model
+from wdsr.train.models import build_model, residual_of
 from wdsr.train.validate import super_resolve
 
 
@@ -83,7 +83,11 @@ def load_model(source: str, device: torch.device | str = "cpu") -> Loaded:
     if not convs:
         raise RunError(f"{where}: the checkpoint holds no convolution weights")
     channels = int(convs[0].shape[1])  # the first conv's input channels: 3 (RGB) or 1 (grey)
-    model = build_model(config["model"], int(config["scale"]), channels)
+    try:
+        residual = residual_of(config, where)  # the checkpoint's variant (none: a run from before the field)
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
+    model = build_model(config["model"], int(config["scale"]), channels, residual=residual)
     try:
         model.load_state_dict(weights)
     except RuntimeError as exc:

@@ -36,7 +36,7 @@ from wdsr.train.checkpoint import FORMAT, Diverged, RunDir, RunError
 from wdsr.train.config import Amp, ConfigError, Schedule, TrainConfig
 from wdsr.train.context import Ctx, pin_threads, setup
 from wdsr.train.logbook import MetricsLog, Recorder, Standby, Window, diverged_message, log_val, log_window, progress_bar
-from wdsr.train.models import build_model
+from wdsr.train.models import Residual, build_model, residual_of
 from wdsr.train.validate import validate
 from wdsr.train.vote import Verdict, Vote
 
@@ -240,6 +240,7 @@ class _Model:
     sched: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler
     amp_dtype: torch.dtype | None
+    residual: Residual  # the model's variant: a new run's is bicubic, a resumed one's its checkpoint's
 
     def step(self, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, float]:
         """One optimisation step on a batch; its loss (on the device) and the learning rate it used."""
@@ -262,7 +263,11 @@ def _build_model(
 ) -> _Model:
     torch.manual_seed(cfg.dataset.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     center = cfg.dataset.clip is not None and cfg.dataset.clip.window == "center"
-    model = build_model(cfg.model, cfg.dataset.scale, channels, center=center).to(ctx.device)
+    try:
+        residual = residual_of(state["config"], where) if state is not None else Residual.BICUBIC
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
+    model = build_model(cfg.model, cfg.dataset.scale, channels, center=center, residual=residual).to(ctx.device)
     if ctx.device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs lack it
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99))
@@ -275,7 +280,7 @@ def _build_model(
     if ctx.world > 1:
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         run_model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    return _Model(model, run_model, opt, sched, scaler, amp_dtype)
+    return _Model(model, run_model, opt, sched, scaler, amp_dtype, residual)
 
 
 def _restore(model: nn.Module, opt: Any, sched: Any, scaler: Any, state: dict[str, Any], where: str) -> None:
@@ -355,7 +360,7 @@ def _state(cfg: TrainConfig, ctx: Ctx, m: _Model, loader: SRLoader, step: int) -
         "scaler": m.scaler.state_dict(),
         "rng": {"torch": torch.get_rng_state()},
         "threads": torch.get_num_threads(),  # a resume computes with as many (pin_threads)
-        "config": cfg.dict,
+        "config": {**cfg.dict, "residual": m.residual.value},  # the model's variant: what wdsr upscale builds
     }
 
 
@@ -363,7 +368,7 @@ def _recorder(cfg: TrainConfig, ctx: Ctx, run: RunDir, m: _Model, loader: SRLoad
     """Rank 0's MetricsLog (the history of earlier attempts, up to ``step``); another rank's Standby."""
     if ctx.rank != 0:
         return Standby(run, cfg, step) if ctx.world > 1 else None
-    run.start(cfg.dict)
+    run.start({**cfg.dict, "residual": m.residual.value})
     metrics = MetricsLog(run, cfg, step)
     amp = {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[m.amp_dtype]
     clip, degrade = cfg.dataset.clip, cfg.dataset.degrade

@@ -4,14 +4,24 @@ All take float input in [0, 1] (``wdsr.to_float``) of ``channels`` (3 or 1) and 
 ``scale`` times larger; pixel shuffle does the upsampling, as in the papers. The image models map
 ``[B, C, h, w]``; TinyVSR maps ``[B, T, C, h, w]`` clips (BasicSR's video models come through its
 integration, not here).
+
+The image models come in two variants (``Residual``), recorded as ``residual`` in a checkpoint's
+config: ``bicubic`` (what ``wdsr train`` builds) adds the network's output to MATLAB's bicubic
+upsampling of the input, with the residual branch's last conv zeroed (a fresh model *is* bicubic),
+sub-pixel convs ICNR-initialised (no checkerboard) and replicate padding (no dark frame);
+``none`` is the papers' plain network, which checkpoints without the field hold.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import torch
 from torch import nn
+
+from wdsr.train.upsample import MatlabBicubic, icnr_, zero_
 
 # DIV2K's RGB mean (EDSR subtracts it before the first conv and adds it back at the end)
 _DIV2K_MEAN = (0.4488, 0.4371, 0.4040)
@@ -28,61 +38,114 @@ class ModelName(str, enum.Enum):
         return self is ModelName.TINYVSR
 
 
+class Residual(str, enum.Enum):
+    """What an image model adds its network's output to: nothing (the papers; checkpoints without the
+    field) or MATLAB's bicubic upsampling of its input (``wdsr train`` since the field exists)."""
+
+    NONE = "none"
+    BICUBIC = "bicubic"
+
+    @property
+    def padding(self) -> Literal["zeros", "replicate"]:
+        return "zeros" if self is Residual.NONE else "replicate"
+
+
+def residual_of(config: Mapping[str, Any], where: str) -> Residual:
+    """The variant a checkpoint's (or run.json's) config records; absent: ``none``, the models of older runs."""
+    value = config.get("residual", Residual.NONE.value)
+    try:
+        return Residual(value)
+    except ValueError:
+        known = ", ".join(r.value for r in Residual)
+        raise ValueError(f"{where}: unknown model variant residual={str(value)[:40]!r} (known: {known})") from None
+
+
+def _conv(cin: int, cout: int, k: int, padding_mode: Literal["zeros", "replicate"] = "zeros") -> nn.Conv2d:
+    return nn.Conv2d(cin, cout, k, padding=k // 2, padding_mode=padding_mode)
+
+
 class _ResBlock(nn.Module):
-    def __init__(self, ch: int, res_scale: float = 1.0) -> None:
+    def __init__(self, ch: int, res_scale: float = 1.0, padding_mode: Literal["zeros", "replicate"] = "zeros") -> None:
         super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(ch, ch, 3, padding=1), nn.ReLU(inplace=True), nn.Conv2d(ch, ch, 3, padding=1))
+        conv1, conv2 = _conv(ch, ch, 3, padding_mode), _conv(ch, ch, 3, padding_mode)
+        self.body = nn.Sequential(conv1, nn.ReLU(inplace=True), conv2)
         self.res_scale = res_scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.body(x) * self.res_scale
 
 
-def _upsampler(ch: int, scale: int) -> nn.Sequential:
-    """x2 stages for powers of two (EDSR's layout), one stage otherwise."""
+def _upsampler(ch: int, scale: int, residual: Residual = Residual.NONE) -> nn.Sequential:
+    """x2 stages for powers of two (EDSR's layout), one stage otherwise; ICNR-initialised in the bicubic variant."""
+    stages = [2] * (scale.bit_length() - 1) if scale & (scale - 1) == 0 else [scale]
     layers: list[nn.Module] = []
-    if scale & (scale - 1) == 0:
-        for _ in range(scale.bit_length() - 1):
-            layers += [nn.Conv2d(ch, 4 * ch, 3, padding=1), nn.PixelShuffle(2)]
-    else:
-        layers += [nn.Conv2d(ch, scale * scale * ch, 3, padding=1), nn.PixelShuffle(scale)]
+    for r in stages:
+        conv = _conv(ch, r * r * ch, 3, residual.padding)
+        if residual is Residual.BICUBIC:
+            icnr_(conv, r)
+        layers += [conv, nn.PixelShuffle(r)]
     return nn.Sequential(*layers)
 
 
+def _skip(scale: int, channels: int, residual: Residual) -> MatlabBicubic | None:
+    return MatlabBicubic(scale, channels) if residual is Residual.BICUBIC else None
+
+
 class EDSR(nn.Module):
-    """EDSR (Lim et al. 2017); the defaults are its baseline: 16 res blocks of 64 channels, no res scaling."""
+    """EDSR (Lim et al. 2017); the defaults are its baseline: 16 res blocks of 64 channels, no res scaling.
+    ``residual``: see the module's docstring (the state dict's keys are the same either way)."""
 
     mean: torch.Tensor
 
-    def __init__(self, scale: int, channels: int = 3, blocks: int = 16, width: int = 64, res_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        scale: int,
+        channels: int = 3,
+        blocks: int = 16,
+        width: int = 64,
+        res_scale: float = 1.0,
+        residual: Residual = Residual.NONE,
+    ) -> None:
         super().__init__()
         mean = _DIV2K_MEAN if channels == 3 else (sum(_DIV2K_MEAN) / 3,) * channels
         self.register_buffer("mean", torch.tensor(mean).view(1, channels, 1, 1), persistent=False)
-        self.head = nn.Conv2d(channels, width, 3, padding=1)
-        self.body = nn.Sequential(*[_ResBlock(width, res_scale) for _ in range(blocks)], nn.Conv2d(width, width, 3, padding=1))
-        self.tail = nn.Sequential(_upsampler(width, scale), nn.Conv2d(width, channels, 3, padding=1))
+        pad = residual.padding
+        self.head = _conv(channels, width, 3, pad)
+        self.body = nn.Sequential(*[_ResBlock(width, res_scale, pad) for _ in range(blocks)], _conv(width, width, 3, pad))
+        last = _conv(width, channels, 3, pad)
+        self.tail = nn.Sequential(_upsampler(width, scale, residual), last)
+        self.skip = _skip(scale, channels, residual)
+        if self.skip is not None:
+            zero_(last)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.head(x - self.mean)
-        return self.tail(x + self.body(x)) + self.mean
+        feat = self.head(x - self.mean)
+        out = self.tail(feat + self.body(feat))
+        return out + self.mean if self.skip is None else out + self.skip(x)
 
 
 class ESPCN(nn.Module):
-    """ESPCN (Shi et al. 2016): three convs on the LR grid (tanh), then one pixel shuffle."""
+    """ESPCN (Shi et al. 2016): three convs on the LR grid (tanh), then one pixel shuffle. ``residual``: see
+    the module's docstring; the bicubic variant also centres its input on DIV2K's mean."""
 
-    def __init__(self, scale: int, channels: int = 3) -> None:
+    mean: torch.Tensor
+
+    def __init__(self, scale: int, channels: int = 3, residual: Residual = Residual.NONE) -> None:
         super().__init__()
+        pad = residual.padding
+        subpixel = _conv(32, channels * scale * scale, 3, pad)
         self.body = nn.Sequential(
-            nn.Conv2d(channels, 64, 5, padding=2),
-            nn.Tanh(),
-            nn.Conv2d(64, 32, 3, padding=1),
-            nn.Tanh(),
-            nn.Conv2d(32, channels * scale * scale, 3, padding=1),
-            nn.PixelShuffle(scale),
+            _conv(channels, 64, 5, pad), nn.Tanh(), _conv(64, 32, 3, pad), nn.Tanh(), subpixel, nn.PixelShuffle(scale)
         )
+        self.skip = _skip(scale, channels, residual)
+        mean = (0.0,) * channels if self.skip is None else _DIV2K_MEAN if channels == 3 else (sum(_DIV2K_MEAN) / 3,)
+        self.register_buffer("mean", torch.tensor(mean).view(1, channels, 1, 1), persistent=False)
+        if self.skip is not None:
+            zero_(subpixel)  # zero is ICNR too (all sub-pixel phases equal)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x)
+        out = self.body(x - self.mean)
+        return out if self.skip is None else out + self.skip(x)
 
 
 class TinyVSR(nn.Module):
@@ -128,13 +191,21 @@ class TinyVSR(nn.Module):
         return out[:, 0] if self.center else out
 
 
-def build_model(name: ModelName | str, scale: int, channels: int = 3, center: bool = False) -> nn.Module:
-    """The model ``name`` x``scale``; ``center``: a video model predicts the centre frame of its window only."""
-    name = ModelName(name)
+def build_model(
+    name: ModelName | str,
+    scale: int,
+    channels: int = 3,
+    center: bool = False,
+    residual: Residual | str = Residual.BICUBIC,
+) -> nn.Module:
+    """The model ``name`` x``scale``; ``center``: a video model predicts the centre frame of its window only;
+    ``residual``: the image models' variant (``none`` for checkpoints without the field: ``residual_of``).
+    TinyVSR has one variant (it always adds the bilinearly upsampled frame)."""
+    name, residual = ModelName(name), Residual(residual)
     if scale < 2:
         raise ValueError(f"scale must be >= 2, got {scale}")
     if name is ModelName.EDSR_BASELINE:
-        return EDSR(scale, channels)
+        return EDSR(scale, channels, residual=residual)
     if name is ModelName.TINYVSR:
         return TinyVSR(scale, channels, center=center)
-    return ESPCN(scale, channels)
+    return ESPCN(scale, channels, residual=residual)
