@@ -60,9 +60,23 @@ def trained(photo_shards, tmp_path_factory) -> Path:
     return out
 
 
-def resume_check(photo_shards, out: Path) -> int:
+def resume_check(photo_shards, out: Path, *more: str) -> int:
     return main(
-        ["train", "--data", str(photo_shards), "--out", str(out), *SMALL, "--workers", "0", "--steps", "4", "--resume", "--check"]
+        [
+            "train",
+            "--data",
+            str(photo_shards),
+            "--out",
+            str(out),
+            *SMALL,
+            "--workers",
+            "0",
+            "--steps",
+            "4",
+            "--resume",
+            "--check",
+            *more,
+        ]
     )
 
 
@@ -457,15 +471,17 @@ def test_run_json_is_read_on_resume(photo_shards, trained, tmp_path, capsys, cap
     shutil.copytree(trained, out)
     info = json.loads((out / "run.json").read_text())
     (out / "run.json").write_text(json.dumps({**info, "config": {**info["config"], "scale": 2}}))
-    assert resume_check(photo_shards, out) == 2
+    assert resume_check(photo_shards, out, "--scale", "4") == 2
     assert "run.json" in (err := one_line(capsys)) and "scale=2" in err
+    assert resume_check(photo_shards, out) == 2  # run.json's scale 2 taken: the checkpoint's 4 refuses it
+    assert "the checkpoint" in (err := one_line(capsys)) and "scale=4" in err
     (out / "run.json").write_text("[not a run")
     assert resume_check(photo_shards, out) == 2
     assert "run.json: not valid JSON" in one_line(capsys)
     (out / "run.json").write_text(json.dumps({**info, "config": {**info["config"], "lr": 0.5}}))
-    assert resume_check(photo_shards, out) == 0
-    said = [r.getMessage() for r in caplog.records if "changed settings" in r.getMessage()]
-    assert len(said) == 1 and "lr 0.5 -> 0.0002" in said[0], said
+    assert resume_check(photo_shards, out, "--lr", "2e-4") == 0
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("--resume: --lr")]
+    assert len(said) == 1 and "--lr was 0.5 in" in said[0] and said[0].endswith("now 0.0002"), said
 
 
 # ---- 6. fuzz: any JSON-able value ends in a TrainConfig or a ConfigError, quickly --------------------

@@ -273,3 +273,36 @@ def test_a_second_world_change_inside_one_epoch_is_refused(photo_shards):
     assert full[3:] == rest
     with pytest.raises(wdsr.WorldChanged, match="second change of world"):
         wdsr.make_loader(_make(url, World(0, 4), **kw), num_workers=1).load_state_dict(inside)
+
+
+def _readme_run(url: str, epochs: int, ckpt: dict | None, save_at: tuple[int, int] | None, start: int | None = None) -> list[str]:
+    """The README's loop: load the checkpoint if any, then ``for epoch in range(loader.epoch, epochs)``
+    with ``set_epoch`` (``start`` replaces ``loader.epoch``: the old snippet's ``range(epochs)``)."""
+    kw = dict(scale=2, patch_size=32, patches_per_image=4, batch_size=4, shuffle_buffer=16, seed=7)
+    loader = wdsr.make_loader(_make(url, World(), **kw), num_workers=2, persistent_workers=True, prefetch_factor=2)
+    if ckpt is not None:
+        loader.load_state_dict(json.loads(json.dumps(ckpt["loader"])))
+    out: list[str] = []
+    for epoch in range(loader.epoch if start is None else start, epochs):
+        loader.set_epoch(epoch)
+        for i, item in enumerate(loader):
+            out.append(_digest(item))
+            if (epoch, i) == save_at:  # "preempted" right after this checkpoint
+                return out + [json.dumps({"loader": loader.state_dict()})]
+    return out
+
+
+def test_the_readme_resume_loop_continues_exactly_and_a_discarding_set_epoch_warns(photo_shards, caplog):
+    url = str(photo_shards)
+    whole = _readme_run(url, 2, None, None)
+    *before, saved = _readme_run(url, 2, None, (1, 2))  # a checkpoint after batch 3 of epoch 1
+    ckpt = json.loads(saved)
+    assert before == whole[: len(before)] and (ckpt["loader"]["epoch"], ckpt["loader"]["batches"]) == (1, 3)
+    with caplog.at_level("WARNING", logger="wdsr"):
+        assert before + _readme_run(url, 2, ckpt, None) == whole
+        assert not [r for r in caplog.records if "discards" in r.getMessage()]
+        replayed = _readme_run(url, 2, ckpt, None, start=0)  # the old snippet: epoch 0 again, the state lost
+    assert replayed == whole
+    msg = [r.getMessage() for r in caplog.records if "discards" in r.getMessage()]
+    assert len(msg) == 1 and "set_epoch(0) discards the loaded state (epoch 1, 3 batches" in msg[0], msg
+    assert "loader.epoch" in msg[0]

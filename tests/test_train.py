@@ -166,6 +166,31 @@ def test_out_holding_another_run_is_refused_unless_resume(photo_shards, tmp_path
     assert "would resume at step 2" in capsys.readouterr().out
 
 
+def test_resume_needs_only_out_and_logs_each_setting_given_again(photo_shards, tmp_path, capsys, caplog):
+    """run.json holds the settings: `--out RUN --resume [--steps N]` is enough; a flag given again
+    overrides its saved value with one line (name, saved, new), --steps with the schedule's re-stretch."""
+    out = tmp_path / "run"
+    first = ["--data", str(photo_shards), "--model", "espcn", *SMALL, "--workers", "0", "--lr", "1e-3", "--val-every", "0"]
+    assert main(["train", "--out", str(out), *first, "--log-every", "1", "--steps", "2"]) == 0
+    assert main(["train", "--out", str(out), "--resume", "--check"]) == 0
+    assert "would resume at step 2" in capsys.readouterr().out
+    caplog.set_level("WARNING", logger="wdsr")
+    assert main(["train", "--out", str(out), "--resume", "--steps", "3"]) == 0
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("--resume:")]
+    assert len(said) == 1 and said[0].startswith(f"--resume: --steps was 2 in {out}/run.json, now 3 (the cosine"), said
+    saved = RunDir(str(out)).run_info()["config"]
+    assert (saved["model"], saved["lr"], saved["patch_size"], saved["workers"], saved["steps"]) == ("espcn", 1e-3, 48, 0, 3)
+    assert [r["step"] for r in records(out) if "loss" in r] == [1, 2, 3]
+    caplog.clear()
+    assert main(["train", "--out", str(out), "--resume", "--steps", "4", "--lr", "5e-4", "--log-every", "2"]) == 0
+    said = sorted(r.getMessage().split(" in ")[0] for r in caplog.records if r.getMessage().startswith("--resume:"))
+    assert said == ["--resume: --log-every was 1", "--resume: --lr was 0.001", "--resume: --steps was 3"], said
+    assert [r["step"] for r in records(out) if "loss" in r] == [1, 2, 3, 4]
+    capsys.readouterr()
+    assert main(["train", "--out", str(tmp_path / "none"), "--resume"]) == 2  # no run.json: the flags are needed
+    assert "--data is required" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_sigterm_checkpoints_and_resume_continues_from_its_step(photo_shards, tmp_path):
     out = tmp_path / "run"

@@ -92,6 +92,7 @@ class SRLoader(DataLoader):
         asked = dataset.requested_epoch  # set_epoch(), here or on the dataset
         self._asked: int | None = None if asked is None else state.check_epoch(asked)
         self._resume: tuple[int, int, tuple[int, int, int] | None] | None = None
+        self._loaded_batches = 0  # the "batches" of the state loaded last (named when set_epoch discards it)
         self._origin: tuple[int, int, int] | None = None  # of the current pass, when it is an elastic one
         self.elastic_report: dict[str, int] | None = None  # what an elastic resume re-planned
         self._ender: weakref.finalize | None = None  # ends the persistent workers with this loader
@@ -106,8 +107,22 @@ class SRLoader(DataLoader):
         return self._position
 
     def set_epoch(self, epoch: int) -> None:
-        """Run ``epoch`` at the next pass (shard order, patch positions)."""
-        self._asked = state.check_epoch(epoch)
+        """Run ``epoch`` at the next pass (shard order, patch positions). After ``load_state_dict``
+        of an unfinished epoch, another epoch discards the loaded position: that is logged as a warning."""
+        asked = state.check_epoch(epoch)
+        r = self._resume
+        if r is not None and asked != r[0] and (r[1] > 0 or r[2] is not None):
+            log.warning(
+                "set_epoch(%d) discards the loaded state (epoch %d, %d batches of it done): the next pass gives "
+                "epoch %d from its first batch; to continue the interrupted epoch, start the epoch loop at "
+                "loader.epoch (%d after load_state_dict), e.g. `for epoch in range(loader.epoch, epochs)`",
+                asked,
+                r[0],
+                self._loaded_batches,
+                asked,
+                r[0],
+            )
+        self._asked = asked
 
     def _next_epoch(self) -> int:
         if self._asked is not None:
@@ -201,7 +216,8 @@ class SRLoader(DataLoader):
         ds = self.sr_dataset
         self._resume = state.restore(ds, self.num_workers, saved)
         epoch, _, origin = self._resume
-        self._asked = epoch
+        self._asked = self.epoch = epoch  # the loop of a resumed run starts at loader.epoch
+        self._loaded_batches = int(saved["batches"])
         self.elastic_report = None
         if origin is not None:
             self.elastic_report = r = state.report(ds.elastic_plan(epoch, origin, self.num_workers), ds.config.patches_per_image)

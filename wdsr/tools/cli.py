@@ -320,7 +320,12 @@ def _train_run_flags(t: argparse.ArgumentParser) -> None:
     )
     t.add_argument("--log-dir", help="where metrics.jsonl and TensorBoard files are written when --out is remote")
     t.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files (OUT/tb)")
-    t.add_argument("--resume", action="store_true", help="continue the run in --out from latest.json")
+    t.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from latest.json, with the settings in its run.json (--config and flags "
+        "given override them, each change logged): --out RUN --resume is enough",
+    )
     t.add_argument(
         "--check",
         action="store_true",

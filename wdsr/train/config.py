@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import logging
 import os
 from typing import Any
 
@@ -29,7 +30,10 @@ from wdsr.config import LIMITS, MAX_PATH_CHARS, DatasetConfig
 from wdsr.degrade import draw_arrays, registry
 from wdsr.pipeline.clips import ClipConfig
 from wdsr.store.remote import Retry
+from wdsr.train.checkpoint import FORMAT, RunDir
 from wdsr.train.models import ModelName
+
+log = logging.getLogger("wdsr")
 
 
 class ConfigError(ValueError):
@@ -476,8 +480,47 @@ def load_file(path: str) -> dict[str, Any]:
     return normalise_keys(d, label)
 
 
+def saved_settings(out: Any) -> dict[str, Any]:
+    """``OUT/run.json``'s settings (those of the run's latest start) by field name, without ``out`` and the
+    flags-only ones: what ``--resume`` starts from, under ``--config`` and the flags. {} when there is none;
+    names this version does not know (another version's run.json) are left out, logged."""
+    if not isinstance(out, str) or not out:
+        return {}
+    info = RunDir(out).run_info()
+    if info is None:
+        return {}
+    saved = info.get("config")
+    if info.get("format") != FORMAT or not isinstance(saved, dict):
+        raise ConfigError(f"{out}/run.json: not a {FORMAT} run (its 'format' or 'config' is missing or wrong)")
+    known = ({f.name for f in dataclasses.fields(TrainConfig)} | set(TRAIN_SET_KEYS)) - {"dataset", "out", *_FLAGS_ONLY}
+    unknown = [k for k in saved if k not in known and k not in ("out", *_FLAGS_ONLY)]
+    if unknown:
+        log.warning("%s/run.json: settings this version does not know are left out: %s", out, brief(unknown))
+    return normalise_keys({k: v for k, v in saved.items() if k in known}, f"{out}/run.json")
+
+
+def _as_given(name: str, value: Any) -> Any:
+    """A value of run.json as a flag would give it: sizes are saved in bytes (a bare number given is GB)."""
+    return f"{value}b" if name in _SIZES and isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _log_overrides(cfg: TrainConfig, saved: dict[str, Any]) -> None:
+    """One line per setting of run.json that this start changes (``--config`` or a flag): name, saved, new."""
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 says it once
+        return
+    now = cfg.dict
+    for name, old in saved.items():
+        if now.get(name) == old:
+            continue
+        note = ""
+        if name in ("steps", "epochs") and now.get(name) is not None and cfg.schedule is Schedule.COSINE:
+            note = " (the cosine LR schedule is re-stretched over the new total from the step reached)"
+        log.warning("--resume: %s was %s in %s/run.json, now %s%s", flag(name), brief(old), cfg.out, brief(now.get(name)), note)
+
+
 def make_config(flags: dict[str, Any]) -> TrainConfig:
-    """The file named by ``flags['config']`` (if any), then the flags on top."""
+    """The file named by ``flags['config']`` (if any), then the flags on top; with ``resume``, both on top of
+    the settings in ``OUT/run.json`` (each change logged), so ``--out RUN --resume`` is enough."""
     flags = dict(flags)
     path = flags.pop("config", None)
     if path is not None and not isinstance(path, str):
@@ -485,11 +528,16 @@ def make_config(flags: dict[str, Any]) -> TrainConfig:
     merged = load_file(path) if path else {}
     _expanded_items(flags, "flags")
     merged.update(normalise_keys(flags, "flags"))
+    saved = saved_settings(merged.get("out")) if merged.get("resume") else {}
+    length = ("steps", "epochs") if "steps" in merged or "epochs" in merged else ()  # given now: replaces the saved
+    merged = {**{k: _as_given(k, v) for k, v in saved.items() if k not in length}, **merged}
     for required in ("data", "out"):
         if not merged.get(required):
-            raise ConfigError(f"--{required} is required (on the command line or in --config)")
+            raise ConfigError(f"--{required} is required (on the command line, in --config, or in OUT/run.json with --resume)")
     data = {k: merged.pop(k) for k in list(merged) if k in TRAIN_SET_KEYS}
     try:
-        return TrainConfig(**merged, dataset=dataset_config(data, "--config" if path else "flags"))
+        cfg = TrainConfig(**merged, dataset=dataset_config(data, "--config" if path else "flags"))
     except TypeError as exc:  # a TrainConfig field given a value of no use (cannot happen through the names above)
         raise ConfigError(f"settings: {exc}") from None
+    _log_overrides(cfg, saved)
+    return cfg

@@ -204,16 +204,12 @@ def _train(cfg: TrainConfig) -> int:
 
 # what a resumed run cannot change: the checkpoint's weights would not fit, or mean something else
 _FIXED = ("model", "scale")
-# what a resume may change, but a researcher should see changed (run.json is the settings of the last start)
-_NOTED = (
-    *("data", "lr", "schedule", "lr_step", "lr_gamma", "patch_size", "patches_per_image", "batch_size", "seed"),
-    *("clip_frames", "clip_interval", "clip_window", "clip_reverse", "degrade"),
-)
 
 
 def _check_resume(state: dict[str, Any], cfg: TrainConfig, run: RunDir) -> None:
-    """The checkpoint's and run.json's settings against this start: model and scale must match; other
-    changed settings are logged. run.json, if there, must be this format's."""
+    """The checkpoint's and run.json's settings against this start: model and scale must match (the
+    settings that changed since run.json were logged by ``make_config``). run.json, if there, must be
+    this format's."""
     now = cfg.dict
     info = run.run_info()
     if info is not None and (info.get("format") != FORMAT or not isinstance(info.get("config"), dict)):
@@ -224,10 +220,6 @@ def _check_resume(state: dict[str, Any], cfg: TrainConfig, run: RunDir) -> None:
         for key in _FIXED:
             if saved.get(key) != now[key]:
                 raise RunError(f"--resume: {run.url} was trained with {key}={brief(saved.get(key))} ({label}), not {now[key]!r}")
-    if info is not None:
-        changed = [f"{k} {brief(info['config'].get(k))} -> {brief(now[k])}" for k in _NOTED if info["config"].get(k) != now[k]]
-        if changed:
-            log.warning("resuming %s with changed settings (run.json is rewritten): %s", run.url, "; ".join(changed))
 
 
 @dataclasses.dataclass
