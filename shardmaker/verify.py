@@ -24,6 +24,7 @@ from shardmaker.format import (
     headers,
     hr_frame,
     load,
+    load_index,
     locate,
     lr_frame,
     tario,
@@ -353,6 +354,16 @@ def _tiles_rows(m: mf.Manifest) -> list[tuple[str, str]]:
     return rows
 
 
+def _index_text(url: str, storage_options: dict[str, Any] | None, name: str) -> str:
+    """Whether the streaming reader maps a column index (``NAME.idx``) or parses the JSON."""
+    present, indexed = load_index(url, storage_options, name)
+    if indexed is not None:
+        return f"{name}.idx (the reader maps it; shardmaker verify checks it against {name})"
+    if present:
+        return f"{name}.idx made from another {name}: not used (the reader parses the JSON)"
+    return f"none (the reader parses {name})"
+
+
 def info_text(url: str, storage_options: dict[str, Any] | None = None) -> str:
     """A short human-readable summary of a shard set."""
     url, name = locate(url)
@@ -380,6 +391,7 @@ def info_text(url: str, storage_options: dict[str, Any] | None = None) -> str:
         ("kind", mf.kind_text(m.channels, m.bit_depth) if m.channels and m.bit_depth else "not recorded"),
         *_tiles_rows(m),
         ("skipped", f"{_skipped_count(m.build)} {'samples or shards' if m.members else 'source files'}"),
+        ("index", _index_text(url, storage_options, name)),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -7,7 +7,8 @@ Everything read from a dataset passes through here and trusts nothing it reads:
   location is always ``dataset + "/" + name`` (:func:`shard_path`). Failures are
   :class:`ManifestError` (where, field, reason).
 * :mod:`.loading` -- :func:`load` a dataset's manifest, from ``manifest.json`` or memory-mapped from
-  its column index (:mod:`.colread`); :func:`locate` splits a manifest URL into folder and name.
+  its column index (:mod:`.colread`); :func:`load_index` reads it as the streaming reader does; :func:`locate` splits a
+  manifest URL into folder and name.
 * :mod:`.header` -- the per-sample header ``{key}.json`` (:class:`SampleHeader`): its one parser
   (:meth:`SampleHeader.parse`, every field typed and bounded), its one encoder (:meth:`SampleHeader.encode`,
   the bytes the build writes); :mod:`.digests`: the one digest check (:func:`check_digests`); failures are
@@ -30,7 +31,7 @@ from shardmaker.format import tiles
 from shardmaker.format.digests import DigestAlgorithm, Digests, SampleHeaderError, check_digest, check_digests
 from shardmaker.format.header import ClipSpan, SampleHeader, parse_digests
 from shardmaker.format.headers import DEFAULT_MAX_PIXELS, HeaderError, ImageHeader, check_pair, image_header
-from shardmaker.format.loading import load, locate
+from shardmaker.format.loading import load, load_index, locate
 from shardmaker.format.manifest import Manifest, ShardInfo, kind_text, parse
 from shardmaker.format.patterns import MAX_NAMES, PatternError, count_braces, expand_braces
 from shardmaker.format.schema import (
@@ -99,6 +100,7 @@ __all__ = [
     "iter_samples",
     "kind_text",
     "load",
+    "load_index",
     "locate",
     "lr_frame",
     "lr_member",
