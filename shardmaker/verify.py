@@ -23,6 +23,7 @@ from shardmaker.format import (
     clip_members,
     headers,
     hr_frame,
+    index_problems,
     load,
     load_index,
     locate,
@@ -31,7 +32,7 @@ from shardmaker.format import (
 )
 from shardmaker.format import manifest as mf
 from shardmaker.format.manifest import Manifest, ShardInfo
-from shardmaker.format.schema import TILED
+from shardmaker.format.schema import TILED, ManifestError
 from shardmaker.format.tiles import TileFormatError, parse_header
 from shardmaker.imaging import codecs
 from shardmaker.imaging.codecs import ImageDataError
@@ -291,12 +292,22 @@ def _check_indexed_pair(m: Manifest, members: dict[str, bytes], hr_size: Sequenc
     return []
 
 
+def _index_problems(url: str, storage_options: dict[str, Any] | None, name: str, m: Manifest) -> list[str]:
+    """The column index beside the manifest, if there is one the reader would use: refused as the reader
+    refuses it, or differing from the manifest (the reader would stream other shards or samples)."""
+    try:
+        _, indexed = load_index(url, storage_options, name)
+    except ManifestError as exc:
+        return [str(exc)]
+    return [] if indexed is None else index_problems(m, indexed, f"{name}.idx")
+
+
 def verify(url: str, deep: bool = False, progress: bool = True, storage_options: dict[str, Any] | None = None) -> list[str]:
     """Every problem found in the shard set at ``url`` (empty list: all good)."""
     url, name = locate(url)
     m = load(url, storage_options, name=name)
     fs, root = storage.open_dir(url, storage_options)
-    problems = []
+    problems = _index_problems(url, storage_options, name, m)
     with tqdm(total=m.bytes, unit="B", unit_scale=True, desc="verify", disable=not progress) as bar:
         for info in m.shards:
             try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -19,7 +20,9 @@ import pytest
 
 import wdsr
 from shardmaker import cli as sm_cli
-from tests.helpers import build_shards, photos, save
+from shardmaker import format as fmt
+from shardmaker.format import colindex
+from tests.helpers import build_shards, photos, save, sm
 from wdsr.tools import cli as wdsr_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,11 +107,11 @@ def test_the_scan_finds_a_bare_read():
 # ---- behaviour ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    """Two 32x32 samples with a column index (the smallest dataset the reader opens)."""
+    """Three 32x32 samples, one per shard, with a column index (about the smallest dataset there is)."""
     src = tmp_path_factory.mktemp("tiny_src")
-    for i in range(2):
+    for i in range(3):
         save(src / f"p{i}.png", photos()[i][:32, :32].copy())
-    out = build_shards(src, tmp_path_factory.mktemp("tiny") / "ds", "--scale", "4")
+    out = build_shards(src, tmp_path_factory.mktemp("tiny") / "ds", "--scale", "4", "--max-samples", "1")
     assert (Path(out) / "manifest.json.idx").is_file()
     return Path(out)
 
@@ -141,7 +144,7 @@ def test_a_link_to_a_regular_manifest_and_index_still_works(tiny, tmp_path):
     ds.mkdir()
     for f in tiny.iterdir():
         (ds / f.name).symlink_to(f)
-    assert len(wdsr.SRDataset(str(ds), scale=4, patch_size=8, patches_per_image=1, batch_size=1)) == 2
+    assert len(wdsr.SRDataset(str(ds), scale=4, patch_size=8, patches_per_image=1, batch_size=1)) == 3
 
 
 _CASES = f"""
@@ -252,3 +255,33 @@ def test_resume_and_upscale_refuse_a_fifo_at_a_run_file(tiny, tiny_run, tmp_path
             assert rc == 0, err
         else:
             assert rc == 2 and want in err and len(err.splitlines()) == 1, (want, err)
+
+
+# ---- the column index against its manifest (issue 38, M8) --------------------------------------
+def test_verify_checks_the_index_against_the_manifest_column_by_column(tiny, tmp_path, capsys):
+    """An index that names the real manifest (its size, probe and digest) but drops a shard: the reader
+    would stream 2 of 3 samples; ``verify`` says so. A truncated index, which the reader refuses, too."""
+    ds = tmp_path / "ds"
+    shutil.copytree(tiny, ds)
+    data, idx = (ds / "manifest.json").read_bytes(), ds / "manifest.json.idx"
+    m = fmt.parse(data, "manifest.json")
+    assert sm(capsys, "verify", str(ds))[0] == 0
+    fewer = dataclasses.replace(m, shards=[m.shards[0], m.shards[2]])
+    idx.write_bytes(colindex.encode(fewer, data))
+    assert wdsr.SRDataset(str(ds), scale=4, patch_size=8).manifest.samples == 2  # what the reader trusts
+    rc, _, err = sm(capsys, "verify", str(ds))
+    assert rc == 1 and f"MISMATCH manifest.json.idx: lists 2 shards; the manifest's {m.shards[1].name} missing" in err
+    assert "MISMATCH manifest.json.idx: samples: 2 where the manifest has 3" in err
+    moved = dataclasses.replace(m.shards[1], sha256="0" * 64)  # one column of one shard differs
+    idx.write_bytes(colindex.encode(dataclasses.replace(m, shards=[m.shards[0], moved, m.shards[2]]), data))
+    rc, _, err = sm(capsys, "verify", str(ds))
+    assert (
+        rc == 1
+        and err.splitlines()[0] == f"MISMATCH manifest.json.idx: shard {m.shards[1].name}: sha256 differs from the manifest's"
+    )
+    whole = colindex.encode(m, data)
+    idx.write_bytes(whole[: len(whole) - 64])
+    with pytest.raises(fmt.ManifestError, match="must lie inside the file"):
+        wdsr.SRDataset(str(ds), scale=4, patch_size=8)
+    rc, _, err = sm(capsys, "verify", str(ds))
+    assert rc == 1 and err.startswith(f"MISMATCH {idx}: ") and "must lie inside the file" in err

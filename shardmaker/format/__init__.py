@@ -7,7 +7,8 @@ Everything read from a dataset passes through here and trusts nothing it reads:
   location is always ``dataset + "/" + name`` (:func:`shard_path`). Failures are
   :class:`ManifestError` (where, field, reason).
 * :mod:`.loading` -- :func:`load` a dataset's manifest, from ``manifest.json`` or memory-mapped from
-  its column index (:mod:`.colread`); :func:`load_index` reads it as the streaming reader does; :func:`locate` splits a
+  its column index (:mod:`.colread`); :func:`load_index` reads it as the streaming reader does (:mod:`.colverify`:
+  :func:`index_problems`, the index against the manifest column by column); :func:`locate` splits a
   manifest URL into folder and name.
 * :mod:`.header` -- the per-sample header ``{key}.json`` (:class:`SampleHeader`): its one parser
   (:meth:`SampleHeader.parse`, every field typed and bounded), its one encoder (:meth:`SampleHeader.encode`,
@@ -28,6 +29,7 @@ Readers turn these into ``wdsr.SampleError`` (shard, key, reason); messages neve
 """
 
 from shardmaker.format import tiles
+from shardmaker.format.colverify import index_problems
 from shardmaker.format.digests import DigestAlgorithm, Digests, SampleHeaderError, check_digest, check_digests
 from shardmaker.format.header import ClipSpan, SampleHeader, parse_digests
 from shardmaker.format.headers import DEFAULT_MAX_PIXELS, HeaderError, ImageHeader, check_pair, image_header
@@ -99,6 +101,7 @@ __all__ = [
     "iter_members",
     "iter_samples",
     "kind_text",
+    "index_problems",
     "load",
     "load_index",
     "locate",
