@@ -77,9 +77,7 @@ def _find(m: Manifest, key: str, url: str) -> tuple[ShardInfo, int]:
 
 
 def _read_range(fs: Any, path: str, start: int, n: int) -> bytes:
-    with fs.open(path, "rb") as f:
-        f.seek(start)
-        data = f.read(n)
+    data = storage.read_range(fs, path, start, start + n)
     if len(data) != n:
         raise PeekError(f"{path}: {len(data)} bytes at byte {start}, the manifest promises {n} (a shorter shard?)")
     return data

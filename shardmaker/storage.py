@@ -27,6 +27,9 @@ __all__ = [
     "open_regular",
     "publish",
     "read_bytes",
+    "read_local",
+    "read_range",
+    "size_of",
     "temp_name",
     "url_of",
     "write_atomic",
@@ -100,8 +103,32 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
 
 
 def read_bytes(fs: fsspec.AbstractFileSystem, path: str) -> bytes:
-    with fs.open(path, "rb") as f:
+    """The whole file at ``path``; a local one must be a regular file (``open_input``)."""
+    with open_input(fs, path) as f:
         return f.read()
+
+
+def read_local(path: str) -> bytes:
+    """The whole local file at ``path``, which must be a regular file (``open_regular``)."""
+    with open_regular(path) as f:
+        return f.read()
+
+
+def size_of(fs: fsspec.AbstractFileSystem, path: str) -> int:
+    """The size of the file at ``path``; a local one must be a regular file (``open_regular``)."""
+    if not is_local(fs):
+        return int(fs.size(path))
+    with open_regular(path) as f:
+        return os.fstat(f.fileno()).st_size
+
+
+def read_range(fs: fsspec.AbstractFileSystem, path: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of the file at ``path``; a local one must be a regular file (``open_input``)."""
+    if not is_local(fs):
+        return fs.cat_file(path, start=start, end=end)  # type: ignore[no-any-return]
+    with open_regular(path) as f:
+        f.seek(start)
+        return f.read(max(0, end - start))
 
 
 def _kind(mode: int) -> str:
@@ -111,7 +138,9 @@ def _kind(mode: int) -> str:
 
 
 def open_regular(path: str, follow_symlinks: bool = True) -> BinaryIO:
-    """Open a local file that is not ours for reading, never blocking on it.
+    """Open a local file that is not ours for reading, never blocking on it: THE opener of every local
+    file shardmaker and wdsr read that another process could have replaced (manifests, column indexes,
+    shards, sources, checkpoints, run files, configs); ``tests/test_house.py`` keeps it the only one.
 
     ``open()`` on a FIFO waits for a writer forever, and a device reads without end; here the file is
     opened non-blocking, checked to be a regular file on the open descriptor (no race between the
@@ -132,7 +161,7 @@ def open_regular(path: str, follow_symlinks: bool = True) -> BinaryIO:
         if not stat.S_ISREG(mode):
             raise InputError(path, f"is {_kind(mode)}, not a regular file")
         os.set_blocking(fd, True)
-        return open(fd, "rb", closefd=True)
+        return open(fd, "rb", closefd=True)  # house: the opener itself
     except BaseException:
         os.close(fd)
         raise

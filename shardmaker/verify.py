@@ -23,14 +23,16 @@ from shardmaker.format import (
     clip_members,
     headers,
     hr_frame,
+    index_problems,
     load,
+    load_index,
     locate,
     lr_frame,
     tario,
 )
 from shardmaker.format import manifest as mf
 from shardmaker.format.manifest import Manifest, ShardInfo
-from shardmaker.format.schema import TILED
+from shardmaker.format.schema import TILED, ManifestError
 from shardmaker.format.tiles import TileFormatError, parse_header
 from shardmaker.imaging import codecs
 from shardmaker.imaging.codecs import ImageDataError
@@ -290,12 +292,22 @@ def _check_indexed_pair(m: Manifest, members: dict[str, bytes], hr_size: Sequenc
     return []
 
 
+def _index_problems(url: str, storage_options: dict[str, Any] | None, name: str, m: Manifest) -> list[str]:
+    """The column index beside the manifest, if there is one the reader would use: refused as the reader
+    refuses it, or differing from the manifest (the reader would stream other shards or samples)."""
+    try:
+        _, indexed = load_index(url, storage_options, name)
+    except ManifestError as exc:
+        return [str(exc)]
+    return [] if indexed is None else index_problems(m, indexed, f"{name}.idx")
+
+
 def verify(url: str, deep: bool = False, progress: bool = True, storage_options: dict[str, Any] | None = None) -> list[str]:
     """Every problem found in the shard set at ``url`` (empty list: all good)."""
     url, name = locate(url)
     m = load(url, storage_options, name=name)
     fs, root = storage.open_dir(url, storage_options)
-    problems = []
+    problems = _index_problems(url, storage_options, name, m)
     with tqdm(total=m.bytes, unit="B", unit_scale=True, desc="verify", disable=not progress) as bar:
         for info in m.shards:
             try:
@@ -353,6 +365,16 @@ def _tiles_rows(m: mf.Manifest) -> list[tuple[str, str]]:
     return rows
 
 
+def _index_text(url: str, storage_options: dict[str, Any] | None, name: str) -> str:
+    """Whether the streaming reader maps a column index (``NAME.idx``) or parses the JSON."""
+    present, indexed = load_index(url, storage_options, name)
+    if indexed is not None:
+        return f"{name}.idx (the reader maps it; shardmaker verify checks it against {name})"
+    if present:
+        return f"{name}.idx made from another {name}: not used (the reader parses the JSON)"
+    return f"none (the reader parses {name})"
+
+
 def info_text(url: str, storage_options: dict[str, Any] | None = None) -> str:
     """A short human-readable summary of a shard set."""
     url, name = locate(url)
@@ -380,6 +402,7 @@ def info_text(url: str, storage_options: dict[str, Any] | None = None) -> str:
         ("kind", mf.kind_text(m.channels, m.bit_depth) if m.channels and m.bit_depth else "not recorded"),
         *_tiles_rows(m),
         ("skipped", f"{_skipped_count(m.build)} {'samples or shards' if m.members else 'source files'}"),
+        ("index", _index_text(url, storage_options, name)),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -193,8 +193,7 @@ def _kept_kind(out: Output, shards: list[ShardInfo]) -> tuple[int, int] | None:
     """The kind of the samples in shards kept from an earlier run: their first sample's."""
     if not shards:
         return None
-    with out.fs.open(out.path(shards[0].name), "rb") as f:
-        data = f.read(min(shards[0].bytes, 1 << 16))
+    data = storage.read_range(out.fs, out.path(shards[0].name), 0, min(shards[0].bytes, 1 << 16))
     return _kind_of(data + tario.END_OF_ARCHIVE, shards[0].name)
 
 

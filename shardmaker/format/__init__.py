@@ -7,7 +7,9 @@ Everything read from a dataset passes through here and trusts nothing it reads:
   location is always ``dataset + "/" + name`` (:func:`shard_path`). Failures are
   :class:`ManifestError` (where, field, reason).
 * :mod:`.loading` -- :func:`load` a dataset's manifest, from ``manifest.json`` or memory-mapped from
-  its column index (:mod:`.colread`); :func:`locate` splits a manifest URL into folder and name.
+  its column index (:mod:`.colread`); :func:`load_index` reads it as the streaming reader does (:mod:`.colverify`:
+  :func:`index_problems`, the index against the manifest column by column); :func:`locate` splits a
+  manifest URL into folder and name.
 * :mod:`.header` -- the per-sample header ``{key}.json`` (:class:`SampleHeader`): its one parser
   (:meth:`SampleHeader.parse`, every field typed and bounded), its one encoder (:meth:`SampleHeader.encode`,
   the bytes the build writes); :mod:`.digests`: the one digest check (:func:`check_digests`); failures are
@@ -27,10 +29,11 @@ Readers turn these into ``wdsr.SampleError`` (shard, key, reason); messages neve
 """
 
 from shardmaker.format import tiles
+from shardmaker.format.colverify import index_problems
 from shardmaker.format.digests import DigestAlgorithm, Digests, SampleHeaderError, check_digest, check_digests
 from shardmaker.format.header import ClipSpan, SampleHeader, parse_digests
 from shardmaker.format.headers import DEFAULT_MAX_PIXELS, HeaderError, ImageHeader, check_pair, image_header
-from shardmaker.format.loading import load, locate
+from shardmaker.format.loading import load, load_index, locate
 from shardmaker.format.manifest import Manifest, ShardInfo, kind_text, parse
 from shardmaker.format.patterns import MAX_NAMES, PatternError, count_braces, expand_braces
 from shardmaker.format.schema import (
@@ -98,7 +101,9 @@ __all__ = [
     "iter_members",
     "iter_samples",
     "kind_text",
+    "index_problems",
     "load",
+    "load_index",
     "locate",
     "lr_frame",
     "lr_member",

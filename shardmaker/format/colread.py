@@ -22,6 +22,7 @@ import fsspec
 import numpy as np
 
 from shardmaker import storage
+from shardmaker.errors import InputError
 from shardmaker.format.colcheck import check_samples, check_shards
 from shardmaker.format.colindex import ALIGN, MAGIC, MAX_HEADER, PREFIX, VERSION, data_start, index_path
 from shardmaker.format.columns import MemberColumns
@@ -146,10 +147,15 @@ class ShardTable(Sequence[ShardInfo]):
 
 
 def _mapped(fs: fsspec.AbstractFileSystem, path: str) -> Any:
-    """The index's bytes: a read-only memory map of a local file, else the whole object fetched."""
+    """The index's bytes: a read-only memory map of a local file, else the whole object fetched. A
+    local index must be a regular file (a FIFO there would block, a device read without end)."""
     if not storage.is_local(fs):
         return fs.cat_file(path)
-    with open(path, "rb") as f:
+    try:
+        f = storage.open_regular(path)
+    except InputError as exc:
+        raise ManifestError(path, None, exc.reason) from None
+    with f:
         try:
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except ValueError:  # an empty file
@@ -183,8 +189,11 @@ def _header(buf: Any, where: str) -> dict[str, Any]:
 
 
 def _probe(fs: fsspec.AbstractFileSystem, path: str, size: int) -> str:
-    head = fs.cat_file(path, start=0, end=min(PROBE_BYTES, size))  # keywords: s3fs has version_id second
-    return probe_of(head, fs.cat_file(path, start=max(0, size - PROBE_BYTES), end=size))
+    try:
+        head = storage.read_range(fs, path, 0, min(PROBE_BYTES, size))
+        return probe_of(head, storage.read_range(fs, path, max(0, size - PROBE_BYTES), size))
+    except InputError as exc:  # the manifest beside the index is a FIFO or a device
+        raise ManifestError(path, None, exc.reason) from None
 
 
 def open_indexed(fs: fsspec.AbstractFileSystem, path: str, storage_options: dict[str, Any] | None = None) -> Manifest | None:
@@ -193,10 +202,12 @@ def open_indexed(fs: fsspec.AbstractFileSystem, path: str, storage_options: dict
     manifest but breaks a rule is a :class:`ManifestError`."""
     idx = index_path(path)
     try:
-        size = fs.size(path)
+        size = storage.size_of(fs, path)
         buf = _mapped(fs, idx)
     except FileNotFoundError:
         return None
+    except InputError as exc:  # the manifest is a FIFO, a folder or a device: never read
+        raise ManifestError(path, None, exc.reason) from None
     h = _header(buf, idx)
     if h["manifest"]["bytes"] != size or h["manifest"]["probe"] != _probe(fs, path, size):
         log.warning("%s was made from another %s than the one beside it; reading the JSON (slower)", idx, path)

@@ -7,11 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from shardmaker import storage
+from shardmaker.errors import InputError
+from shardmaker.format.colindex import index_path
 from shardmaker.format.colread import open_indexed
 from shardmaker.format.manifest import Manifest, parse
 from shardmaker.format.schema import MANIFEST, ManifestError
 
-__all__ = ["load", "locate"]
+__all__ = ["load", "load_index", "locate"]
 
 
 def _first_line(exc: BaseException) -> str:
@@ -45,9 +47,21 @@ def load(
         raw = storage.read_bytes(fs, path)
     except FileNotFoundError:
         raise ManifestError(f"{url}: no {MANIFEST} (not a shard set, or its build did not finish)") from None
+    except InputError as exc:  # a FIFO, a directory or a device at the name: never read (it would block)
+        raise ManifestError(path, None, exc.reason) from None
     except PermissionError as exc:
         raise PermissionError(
             f"{url}: access denied reading {MANIFEST} ({_first_line(exc)}); check the credentials "
             "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or storage_options)"
         ) from None
     return parse(raw, path, compact=compact)
+
+
+def load_index(url: str, storage_options: dict[str, Any] | None = None, name: str = MANIFEST) -> tuple[bool, Manifest | None]:
+    """``(there is a column index, the manifest as read from it)``: what the streaming reader uses
+    (None: it parses the JSON, as there is no index or it was made from another manifest). An index
+    that breaks a rule, or is not a regular file, is a :class:`ManifestError`."""
+    fs, root = storage.open_dir(url, storage_options)
+    path = storage.join(root, name)
+    present = fs.exists(index_path(path))
+    return present, open_indexed(fs, path, storage_options) if present else None

@@ -17,6 +17,7 @@ What changes in BasicSR's run, and why (each a wrapper installed by :func:`insta
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ import torch
 import yaml
 
 import wdsr
+from shardmaker import storage
 from wdsr.degrade import registry
 from wdsr.loader import SRLoader
 
@@ -177,11 +179,11 @@ class Session:
         if not path:
             return None
         device = "cpu" if opt["num_gpu"] == 0 else f"cuda:{torch.cuda.current_device()}"
-        resume_state: dict[str, Any] = torch.load(path, map_location=device, weights_only=True)
+        resume_state: dict[str, Any] = torch.load(io.BytesIO(storage.read_local(path)), map_location=device, weights_only=True)
         check_resume(opt, resume_state["iter"])
         beside = Path(path).with_name(f"{resume_state['iter']}{STATE_SUFFIX}")
         if beside.is_file():
-            self.pending = json.loads(beside.read_text())
+            self.pending = json.loads(storage.read_local(str(beside)))
         else:
             raise wdsr.LoaderStateError(
                 f"{beside}: no wdsr loader state beside {path}; the run cannot continue at the same batch"
@@ -282,8 +284,7 @@ def _yaml_seed(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("-opt", required=True)
     args, _ = parser.parse_known_args(argv)
-    with open(args.opt) as f:
-        doc = yaml.safe_load(f)
+    doc = yaml.safe_load(storage.read_local(args.opt))
     seed = doc.get("manual_seed") if isinstance(doc, dict) else None
     return int(seed) if seed is not None else 0
 

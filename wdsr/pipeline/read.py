@@ -168,7 +168,7 @@ class ShardReader:
         if self.options.fetch is Fetch.FSSPEC:
             fs = self._fs
             assert fs is not None
-            opener = lambda: fs.open(path, "rb", block_size=self.options.block_size, cache_type="readahead")  # noqa: E731
+            opener = lambda: storage.open_input(fs, path, block_size=self.options.block_size, cache_type="readahead")  # noqa: E731
             yield from self._file_span(fs, path, info, span, wanted, opener=opener, checked=True)
             return
         yield from self._range_span(rf, info, span, wanted)

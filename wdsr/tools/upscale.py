@@ -63,8 +63,9 @@ def _read_checkpoint(source: str) -> tuple[dict[str, Any], str]:
         else:
             raise RunError(f"{source}: a folder without latest.json or checkpoints/step-*.pt (not a wdsr train run)")
         path, source = run.path(name), posixpath.join(source.rstrip("/"), name)
+    data = storage.read_bytes(fs, path)  # a FIFO or a device there: an InputError naming it, never read
     try:
-        state = torch.load(io.BytesIO(storage.read_bytes(fs, path)), map_location="cpu", weights_only=True)
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a file that is not a checkpoint
         raise RunError(f"{source}: not a readable checkpoint ({type(exc).__name__}: {str(exc)[:120]})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("model"), dict):
@@ -206,7 +207,7 @@ def find_images(paths: list[str]) -> list[Path]:
 
 def read_image(path: Path) -> np.ndarray:
     try:
-        return imaging.load_source(path.read_bytes(), ext=path.suffix.lstrip(".").lower())
+        return imaging.load_source(storage.read_local(str(path)), ext=path.suffix.lstrip(".").lower())
     except imaging.ImageDataError as exc:
         raise ValueError(f"{path}: {exc}") from None
 

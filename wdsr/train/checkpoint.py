@@ -105,7 +105,7 @@ class RunDir:
         a regular file (never a FIFO), parsed; None if absent."""
         path = self.path(name)
         try:
-            with storage.open_regular(path) if self.local else self.fs.open(path, "rb") as f:
+            with storage.open_input(self.fs, path) as f:
                 data = f.read(MAX_JSON_BYTES + 1)
         except FileNotFoundError:
             return None

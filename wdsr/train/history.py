@@ -85,7 +85,7 @@ def restore(run: RunDir, path: Path, upto: int) -> Carried | None:
     where = f"{run.url}/{NAME}"
     temp = path.with_name(path.name + ".partial")
     try:
-        with storage.open_regular(source) if run.local else run.fs.open(source, "rb") as src, open(temp, "wb") as dst:
+        with storage.open_input(run.fs, source) as src, open(temp, "wb") as dst:
             carried = carry(src, dst, upto)
     except FileNotFoundError:
         temp.unlink(missing_ok=True)
@@ -131,7 +131,7 @@ class Uploads:
             st = file.stat()
             if self.sent.get(rel) == (st.st_size, st.st_mtime_ns):
                 continue
-            data = file.read_bytes()
+            data = storage.read_local(str(file))
             self.run.upload(f"{self.under}/{rel}", data)
             self.sent[rel] = (len(data), st.st_mtime_ns) if len(data) == st.st_size else (-1, -1)
             sent += 1

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from shardmaker import storage
 from shardmaker.errors import require_extra
 from wdsr.train import history
 from wdsr.train.checkpoint import Diverged, RunDir
@@ -64,7 +65,7 @@ class MetricsLog:
     def sync(self) -> None:
         """A remote OUT gets the whole history and the TensorBoard files written since the last sync."""
         if not self.run.local and self.path.exists():
-            self.run.upload(history.NAME, self.path.read_bytes())
+            self.run.upload(history.NAME, storage.read_local(str(self.path)))
         if self.tb_uploads is not None:
             self.tb_uploads.sync()
 
