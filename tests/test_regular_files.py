@@ -243,7 +243,7 @@ def test_resume_and_upscale_refuse_a_fifo_at_a_run_file(tiny, tiny_run, tmp_path
         shutil.copytree(tiny_run, run)
         _replace(run / name, "fifo")
         resume.append(["train", "--resume", "--data", str(tiny), "--out", str(run), "--model", "espcn", "--scale", "4"])
-        resume[-1] += ["--patch-size", "8", "-k", "1", "--batch-size", "1", "--workers", "0", "--steps", "2"]
+        resume[-1] += ["--patch-size", "8", "-k", "1", "--batch-size", "1", "--workers", "0", "--steps", "1"]  # as saved: no override line
         upscale.append(["upscale", str(run), str(image), "-o", str(tmp_path / f"up{i}")])
     upscale.append(["upscale", str(tmp_path / "run2" / RUN_FILES[2]), str(image), "-o", str(tmp_path / "up")])
     got = _cases([("wdsr.tools.cli", argv) for argv in resume + upscale])

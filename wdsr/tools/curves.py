@@ -165,7 +165,7 @@ def _open(url: str) -> BinaryIO:
     """The one place ``wdsr plot`` opens the metrics file (local or any fsspec URL)."""
     fs, path = storage.open_dir(url)
     try:
-        f: BinaryIO = fs.open(path, "rb")
+        f: BinaryIO = storage.open_input(fs, path)  # a local one must be a regular file (a FIFO would hang)
     except FileNotFoundError:
         raise FileNotFoundError(f"{url}: no such file (is it a wdsr train run folder?)") from None
     return f

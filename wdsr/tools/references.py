@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 import shardmaker
-from shardmaker import imaging
+from shardmaker import imaging, storage
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp")
 _HEAD = 1 << 16
@@ -19,7 +19,7 @@ _HEAD = 1 << 16
 def image_size(path: Path) -> tuple[int, int]:
     """``(w, h)`` from the file's header (its first 64 KiB, or the whole file where needed: TIFF)."""
     try:
-        with open(path, "rb") as f:
+        with storage.open_regular(str(path)) as f:  # never a FIFO's hang
             head = f.read(_HEAD)
             try:
                 return imaging.image_size(head, path.suffix)

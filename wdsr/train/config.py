@@ -493,7 +493,8 @@ def saved_settings(out: Any) -> dict[str, Any]:
     if info.get("format") != FORMAT or not isinstance(saved, dict):
         raise ConfigError(f"{out}/run.json: not a {FORMAT} run (its 'format' or 'config' is missing or wrong)")
     known = ({f.name for f in dataclasses.fields(TrainConfig)} | set(TRAIN_SET_KEYS)) - {"dataset", "out", *_FLAGS_ONLY}
-    unknown = [k for k in saved if k not in known and k not in ("out", *_FLAGS_ONLY)]
+    # "residual" is the model's variant, recorded beside the settings: a resume takes it from the checkpoint
+    unknown = [k for k in saved if k not in known and k not in ("out", "residual", *_FLAGS_ONLY)]
     if unknown:
         log.warning("%s/run.json: settings this version does not know are left out: %s", out, brief(unknown))
     return normalise_keys({k: v for k, v in saved.items() if k in known}, f"{out}/run.json")
