@@ -9,39 +9,100 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from wdsr.bounds import check_multiple
+from shardmaker.errors import brief
+from wdsr.bounds import check_multiple, check_number
 from wdsr.degrade.kernels import KERNEL_TYPES
 
 Range = tuple[float, float]
+SHIFT_SIZE = 25  # the shifted Gaussian of BSRGAN's blur-and-subsample down-sampling
 _KPROB = (0.45, 0.25, 0.12, 0.03, 0.12, 0.03)
+MAX_SCALE = 64  # the dataset's scale range (wdsr.config)
+MAX_GT_SIZE = 1 << 16  # the dataset's patch_size range
+MAX_RESIZE = 4.0  # Real-ESRGAN's resize_range / resize_range2 upper end: an intermediate is at most 4x the patch side
+_RESIZE_WHY = " (an up-sampled intermediate is at most MAX_RESIZE x the patch side: docs/degrade.md)"
+MAX_NOISE = 255.0  # Gaussian sigma and Poisson scale (0-255 units / a multiple of the shot noise): all saturate above
+MAX_CHOICES = 256  # entries of kernel_sizes, blur_sizes, kernel_list
 
 
-def _prob(name: str, p: float) -> None:
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"{name} is a probability, got {p}")
+def _set(cfg: object, name: str, value: object) -> None:
+    object.__setattr__(cfg, name, value)
 
 
-def _probs(name: str, ps: tuple[float, ...], n: int) -> None:
-    if len(ps) != n or any(p < 0 for p in ps) or not math.isclose(math.fsum(ps), 1.0, abs_tol=1e-6):
+def _int(cfg: object, name: str, lo: int, hi: int) -> int:
+    """The field ``name`` as an exact int in ``[lo, hi]`` (not a bool, not a float): a ValueError naming it."""
+    value = check_number(name, getattr(cfg, name), lo, hi, integer=True)
+    _set(cfg, name, value)
+    return int(value)
+
+
+def _prob(cfg: object, name: str) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} is a probability, a number in [0, 1], got {brief(value)}")
+    _set(cfg, name, float(value))
+
+
+def _flag(cfg: object, name: str) -> None:
+    if not isinstance(getattr(cfg, name), bool):
+        raise ValueError(f"{name} must be true or false, got {brief(getattr(cfg, name))}")
+
+
+def _items(name: str, value: object, most: int = MAX_CHOICES) -> tuple:
+    if not isinstance(value, (tuple, list)) or not 1 <= len(value) <= most:
+        raise ValueError(f"{name} must be a list of 1 to {most} entries, got {brief(value)}")
+    return tuple(value)
+
+
+def _probs(cfg: object, name: str, n: int) -> None:
+    ps = getattr(cfg, name)
+    bad = ValueError(f"{name} must be {n} non-negative probabilities summing to 1, got {brief(ps)}")
+    if not isinstance(ps, (tuple, list)) or len(ps) != n:
+        raise bad
+    if any(isinstance(p, bool) or not isinstance(p, (int, float)) for p in ps):
+        raise bad
+    ps = tuple(check_number(f"{name} entry", p, 0.0, 1.0, integer=False) for p in ps)
+    if not math.isclose(math.fsum(ps), 1.0, abs_tol=1e-6):
         raise ValueError(f"{name} must be {n} non-negative probabilities summing to 1, got {ps} (sum {math.fsum(ps):g})")
+    _set(cfg, name, ps)
 
 
-def _range(name: str, r: Range, lo: float = -math.inf, hi: float = math.inf, through: float | None = None) -> None:
-    if len(r) != 2 or r[0] > r[1]:
-        raise ValueError(f"{name} must be (low, high) with low <= high, got {r}")
+def _range(
+    cfg: object, name: str, lo: float, hi: float, through: float | None = None, integer: bool = False, why: str = ""
+) -> None:
+    """The field ``name`` as ``(low, high)``: two finite numbers (exact ints if ``integer``) in ``[lo, hi]``
+    with low <= high (containing ``through``); normalised to a tuple. A ValueError naming it otherwise."""
+    r = getattr(cfg, name)
+    if not isinstance(r, (tuple, list)) or len(r) != 2:
+        raise ValueError(f"{name} must be (low, high) with low <= high, got {brief(r)}")
+    kind = "integers" if integer else "finite numbers"
+    for v in r:
+        if isinstance(v, bool) or (integer and not isinstance(v, int)) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"{name} must be (low, high), two {kind}, got {brief(r)}")
+    if r[0] > r[1]:
+        raise ValueError(f"{name} must be (low, high) with low <= high, got {brief(r)}")
     if r[0] < lo or r[1] > hi:
-        raise ValueError(f"{name} must lie within [{lo}, {hi}], got {r}")
+        raise ValueError(f"{name} must lie within [{lo}, {hi}]{why}, got {brief(r)}")
     if through is not None and not r[0] <= through <= r[1]:
-        raise ValueError(f"{name} must contain {through} (draws below and above it), got {r}")
+        raise ValueError(f"{name} must contain {through} (draws below and above it), got {brief(r)}")
+    _set(cfg, name, tuple(int(v) for v in r) if integer else tuple(float(v) for v in r))
 
 
-def _odd(name: str, size: int) -> None:
-    if size < 1 or size % 2 != 1:
-        raise ValueError(f"{name} must be odd and positive (a centred kernel), got {size}")
+def _odd(name: str, size: object, hi: int) -> int:
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1 or size % 2 != 1 or size > hi:
+        raise ValueError(f"{name} must be odd, an integer in [1, {hi}] (a centred kernel), got {brief(size)}")
+    return size
 
 
-def _scale(scale: int, gt_size: int) -> None:
-    check_multiple(gt_size, scale, "gt_size")
+def _sizes(cfg: object, name: str, hi: int) -> tuple[int, ...]:
+    sizes = tuple(_odd(f"{name} entry {brief(k)}", k, hi) for k in _items(name, getattr(cfg, name)))
+    _set(cfg, name, sizes)
+    return sizes
+
+
+def _scale(cfg: object) -> None:
+    """``scale`` and ``gt_size``: exact ints, ``gt_size`` a positive multiple of ``scale``."""
+    scale = _int(cfg, "scale", 1, MAX_SCALE)
+    check_multiple(_int(cfg, "gt_size", 1, MAX_GT_SIZE), scale, "gt_size")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -87,34 +148,51 @@ class RealESRGANConfig:
     granularity: str = "sample"
 
     def __post_init__(self) -> None:
-        _scale(self.scale, self.gt_size)
+        _scale(self)
+        _flag(self, "gt_usm")
         if self.granularity not in ("sample", "batch"):
-            raise ValueError(f"granularity must be 'sample' or 'batch', got {self.granularity!r}")
-        _odd("blur_kernel_size", self.blur_kernel_size)
-        if not self.kernel_sizes:
-            raise ValueError("kernel_sizes is empty")
-        for k in self.kernel_sizes:
-            _odd(f"kernel_sizes entry {k}", k)
-            if k > self.blur_kernel_size:
-                raise ValueError(f"kernel size {k} exceeds blur_kernel_size {self.blur_kernel_size}")
+            raise ValueError(f"granularity must be 'sample' or 'batch', got {brief(self.granularity)}")
+        size = _odd("blur_kernel_size", self.blur_kernel_size, 2 * MAX_GT_SIZE + 1)
+        for k in _sizes(self, "kernel_sizes", 2 * MAX_GT_SIZE + 1):
+            if k > size:
+                raise ValueError(f"kernel size {k} exceeds blur_kernel_size {size}")
         for suffix in ("", "2"):
-            kinds, probs = getattr(self, "kernel_list" + suffix), getattr(self, "kernel_prob" + suffix)
-            unknown = set(kinds) - set(KERNEL_TYPES)
-            if unknown:
-                raise ValueError(f"kernel_list{suffix}: unknown kernel types {sorted(unknown)}; known: {KERNEL_TYPES}")
-            _probs("kernel_prob" + suffix, probs, len(kinds))
-            _probs("resize_prob" + suffix, getattr(self, "resize_prob" + suffix), 3)
-            _range("blur_sigma" + suffix, getattr(self, "blur_sigma" + suffix), lo=1e-6)
-            _range("betag_range" + suffix, getattr(self, "betag_range" + suffix), lo=1e-6, through=1.0)
-            _range("betap_range" + suffix, getattr(self, "betap_range" + suffix), lo=1e-6, through=1.0)
-            _range("resize_range" + suffix, getattr(self, "resize_range" + suffix), lo=1e-6, through=1.0)
-            _range("noise_range" + suffix, getattr(self, "noise_range" + suffix), lo=0.0)
-            _range("poisson_scale_range" + suffix, getattr(self, "poisson_scale_range" + suffix), lo=0.0)
-            _range("jpeg_range" + suffix, getattr(self, "jpeg_range" + suffix), lo=1.0, hi=100.0)
-            for p in ("sinc_prob", "gaussian_noise_prob", "gray_noise_prob"):
-                _prob(p + suffix, getattr(self, p + suffix))
+            self._round(suffix)
         for p in ("final_sinc_prob", "second_blur_prob", "final_order_prob"):
-            _prob(p, getattr(self, p))
+            _prob(self, p)
+        check_realesrgan_patch(self, self.gt_size)
+
+    def _round(self, suffix: str) -> None:
+        """The settings of one round (``suffix`` "" or "2")."""
+        kinds = _items("kernel_list" + suffix, getattr(self, "kernel_list" + suffix))
+        unknown = sorted({k for k in kinds if not isinstance(k, str) or k not in KERNEL_TYPES}, key=str)
+        if unknown:
+            raise ValueError(f"kernel_list{suffix}: unknown kernel types {unknown}; known: {KERNEL_TYPES}")
+        _set(self, "kernel_list" + suffix, kinds)
+        _probs(self, "kernel_prob" + suffix, len(kinds))
+        _probs(self, "resize_prob" + suffix, 3)
+        _range(self, "blur_sigma" + suffix, 1e-6, math.inf)
+        _range(self, "betag_range" + suffix, 1e-6, math.inf, through=1.0)
+        _range(self, "betap_range" + suffix, 1e-6, math.inf, through=1.0)
+        _range(self, "resize_range" + suffix, 1e-6, MAX_RESIZE, through=1.0, why=_RESIZE_WHY)
+        _range(self, "noise_range" + suffix, 0.0, MAX_NOISE)
+        _range(self, "poisson_scale_range" + suffix, 0.0, MAX_NOISE)
+        _range(self, "jpeg_range" + suffix, 1.0, 100.0)
+        for p in ("sinc_prob", "gaussian_noise_prob", "gray_noise_prob"):
+            _prob(self, p + suffix)
+
+
+def check_realesrgan_patch(cfg: RealESRGANConfig, patch_size: int) -> None:
+    """A ``patch_size`` HR patch survives every step: each blurred image is wider than the kernel's reflect
+    padding, and round 2's resize (relative to the LR side) leaves a pixel."""
+    smallest = min(int(patch_size * cfg.resize_range[0]), patch_size // cfg.scale)  # what a kernel may blur
+    if smallest <= cfg.blur_kernel_size // 2:
+        k = cfg.blur_kernel_size
+        raise ValueError(
+            f"patch_size {patch_size} is too small: blurred at {smallest} px, under a {k}-tap kernel's reflect padding"
+        )
+    if int(patch_size // cfg.scale * cfg.resize_range2[0]) < 1:
+        raise ValueError(f"resize_range2 {cfg.resize_range2} shrinks the {patch_size // cfg.scale} px LR side to 0 px")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -132,15 +210,21 @@ class BSRGANConfig:
     jpeg_range: tuple[int, int] = (30, 95)  # integer qualities
 
     def __post_init__(self) -> None:
-        _scale(self.scale, self.gt_size)
-        if not self.blur_sizes:
-            raise ValueError("blur_sizes is empty")
-        for k in self.blur_sizes:
-            _odd(f"blur_sizes entry {k}", k)
+        _scale(self)
+        _sizes(self, "blur_sizes", 2 * MAX_GT_SIZE + 1)
         for p in ("scale2_prob", "down2_prob", "jpeg_prob"):
-            _prob(p, getattr(self, p))
-        _range("noise_range", self.noise_range, lo=0.0)
-        _range("jpeg_range", self.jpeg_range, lo=1.0, hi=100.0)
+            _prob(self, p)
+        _range(self, "noise_range", 0, int(MAX_NOISE), integer=True)
+        _range(self, "jpeg_range", 1, 100, integer=True)
+        check_bsrgan_patch(self, self.gt_size)
+
+
+def check_bsrgan_patch(cfg: BSRGANConfig, patch_size: int) -> None:
+    """A ``patch_size`` HR patch at 1/(2 scale) is still wider than the largest kernel's reflect padding."""
+    pad = max(max(cfg.blur_sizes), SHIFT_SIZE)
+    if patch_size // (2 * cfg.scale) <= pad // 2:
+        least = 2 * cfg.scale * (pad // 2 + 1)
+        raise ValueError(f"patch_size {patch_size} is too small for {pad}-tap kernels at 1/{2 * cfg.scale}: at least {least}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -156,10 +240,9 @@ class ArbitraryScaleConfig:
     quantize: bool = True
 
     def __post_init__(self) -> None:
-        _scale(self.scale, self.gt_size)
+        _scale(self)
+        _flag(self, "quantize")
+        _range(self, "scale_range", 1.0, math.inf)
         r = self.scale_range
-        if len(r) == 2 and not all(math.isfinite(v) for v in r):
-            raise ValueError(f"scale_range must be finite, got {r}")
-        _range("scale_range", r, lo=1.0)
         if r[1] > self.gt_size:
             raise ValueError(f"scale_range {r} goes above gt_size {self.gt_size}: an LR patch needs a pixel")
