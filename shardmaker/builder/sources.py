@@ -25,7 +25,7 @@ from fsspec.core import url_to_fs
 from shardmaker import storage
 from shardmaker.builder.clipplan import ClipPart
 from shardmaker.builder.regions import Region, plan_regions
-from shardmaker.errors import InputError, OnError
+from shardmaker.errors import InputError, OnError, ShardmakerError, unreadable
 from shardmaker.format import patterns
 from shardmaker.imaging import codecs
 from shardmaker.imaging.regions import TiffRegions, is_tiff
@@ -269,6 +269,10 @@ def header_size(fs: fsspec.AbstractFileSystem, path: str, ext: str | None = None
         raise InputError(path, str(exc)) from None
     except OSError as exc:
         raise InputError(path, f"cannot read ({exc})") from None
+    except ShardmakerError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a decoder's own error on a crafted header: the file's error
+        raise InputError(path, unreadable(exc)) from None
 
 
 def scale_of(hr_size: tuple[int, int], lr_size: tuple[int, int], mod_crop: bool) -> int:
