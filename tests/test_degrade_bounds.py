@@ -12,10 +12,13 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
+import torch
 
 from tests.helpers import ROOT
-from wdsr import ArbitraryScaleConfig, BSRGANConfig, RealESRGANConfig
+from wdsr import ArbitraryScaleConfig, BSRGANConfig, Degrader, RealESRGANConfig
+from wdsr.degrade import collate_params, draw_params
 from wdsr.degrade.config import MAX_RESIZE
 
 NAN, INF = math.nan, math.inf
@@ -131,3 +134,19 @@ def test_the_pipeline_at_the_resize_bound_stays_within_a_bounded_multiple_of_the
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.splitlines()[-1])
     assert out["lr"] == [2, 3, 32, 32] and out["rss_mb"] < 256, out
+
+
+def test_a_hand_made_batch_cannot_ask_for_a_larger_intermediate() -> None:
+    """``Degrader(hr, params)`` takes parameters from anyone: the ones that size an image are checked as the
+    configs bound their draws (Real-ESRGAN's resize factors, BSRGAN's down-sampling factor, the float scale)."""
+    hr = torch.zeros(1, 3, 128, 128, dtype=torch.uint8)
+    for cfg, key, value in (
+        (RealESRGANConfig(gt_size=128), "resize_scale", 30.0),
+        (RealESRGANConfig(gt_size=128), "resize_scale", NAN),
+        (BSRGANConfig(gt_size=128), "down2_scale", 0.01),
+        (ArbitraryScaleConfig(gt_size=128), "scale", 0.01),
+    ):
+        params = collate_params([draw_params(cfg, np.random.default_rng(0), 128)])
+        params[key] = torch.full_like(params[key], value)
+        with pytest.raises(ValueError, match=rf"params\['{key}'\] must be finite and in"):
+            Degrader(cfg)(hr, params)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from wdsr.degrade import ops
-from wdsr.degrade.config import SHIFT_SIZE, BSRGANConfig, check_bsrgan_patch
+from wdsr.degrade.config import SHIFT_SIZE, BSRGANConfig, check_bsrgan_patch, check_param
 from wdsr.degrade.jpeg import DiffJPEG
 
 Params = dict[str, torch.Tensor]
@@ -140,6 +140,7 @@ class BSRGANPipeline(torch.nn.Module):
     def forward(self, gt: torch.Tensor, p: Params, granularity: str = "sample") -> tuple[torch.Tensor, torch.Tensor]:
         if granularity != "sample":
             raise ValueError("BSRGAN degrades each sample on its own")
+        check_param("down2_scale", p["down2_scale"], 1.0, 2.0 * self.cfg.scale)  # >= 1: it only shrinks
         return torch.cat([self._one(gt[i : i + 1], {k: v[i : i + 1] for k, v in p.items()}) for i in range(len(gt))]), gt
 
     def _one(self, gt: torch.Tensor, p: Params) -> torch.Tensor:

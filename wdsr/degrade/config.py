@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
+
+import torch
 
 from shardmaker.errors import brief
 from wdsr.bounds import check_multiple, check_number
@@ -22,6 +25,15 @@ MAX_RESIZE = 4.0  # Real-ESRGAN's resize_range / resize_range2 upper end: an int
 _RESIZE_WHY = " (an up-sampled intermediate is at most MAX_RESIZE x the patch side: docs/degrade.md)"
 MAX_NOISE = 255.0  # Gaussian sigma and Poisson scale (0-255 units / a multiple of the shot noise): all saturate above
 MAX_CHOICES = 256  # entries of kernel_sizes, blur_sizes, kernel_list
+
+
+def check_param(name: str, values: Any, lo: float, hi: float) -> None:
+    """A hand-made batch's parameter (``Degrader(hr, params)``) in ``[lo, hi]`` and finite, as the configs'
+    draws are: what sizes an intermediate image is never taken on trust (a ValueError naming it)."""
+    t = torch.as_tensor(values, dtype=torch.float64)
+    if t.numel() and not (bool(torch.isfinite(t).all()) and lo <= float(t.min()) and float(t.max()) <= hi):
+        got = f"[{float(t.min())}, {float(t.max())}]"
+        raise ValueError(f"params[{name!r}] must be finite and in [{lo:g}, {hi:g}], got values in {got}")
 
 
 def _set(cfg: object, name: str, value: object) -> None:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from wdsr.degrade import ops
-from wdsr.degrade.config import RealESRGANConfig, check_realesrgan_patch
+from wdsr.degrade.config import MAX_RESIZE, RealESRGANConfig, check_param, check_realesrgan_patch
 from wdsr.degrade.jpeg import DiffJPEG
 from wdsr.degrade.kernels import KernelSpec, build_kernel, draw_mixed_kernel, pad_kernel, pick
 
@@ -128,6 +128,7 @@ class RealESRGANPipeline(torch.nn.Module):
     def forward(self, gt: torch.Tensor, p: Params, granularity: str) -> tuple[torch.Tensor, torch.Tensor]:
         """``(lr, hr)`` of float ``gt``: the sharpening and the first blur (a kernel per sample) run on
         the whole batch, as in ``feed_data``; the rest once (``"batch"``) or per sample."""
+        check_param("resize_scale", p["resize_scale"], 1e-6, MAX_RESIZE)  # the only up-sampling steps
         hr = self.usm(gt) if self.cfg.gt_usm else gt
         out = ops.filter2d(hr, p["kernel1"].to(gt.device))
         if granularity == "batch":
