@@ -26,6 +26,8 @@ NAN, INF = math.nan, math.inf
 HOSTILE = [
     (RealESRGANConfig, "blur_sigma", (0.2, NAN)),
     (RealESRGANConfig, "blur_sigma2", (INF, INF)),
+    (RealESRGANConfig, "blur_sigma", (0.2, 10**400)),
+    (RealESRGANConfig, "blur_sigma", (0.2, None)),
     (RealESRGANConfig, "betag_range", (NAN, 4.0)),
     (RealESRGANConfig, "noise_range", (1.0, INF)),
     (RealESRGANConfig, "poisson_scale_range2", (0.05, 1e300)),
@@ -76,6 +78,7 @@ def test_settings_are_normalised_so_a_config_stays_hashable() -> None:
     assert cfg.resize_range == (0.5, 2.0) and type(cfg.resize_range[1]) is float and cfg.kernel_sizes == (7, 9)
     assert hash(cfg) == hash(RealESRGANConfig(resize_range=(0.5, 2.0), kernel_sizes=(7, 9)))
     assert BSRGANConfig(noise_range=[2, 25]).noise_range == (2, 25)
+    assert BSRGANConfig(noise_range=tuple(np.array([2, 25]))).noise_range == (2, 25)  # numpy ints are exact ints
     assert RealESRGANConfig(resize_range=(0.15, MAX_RESIZE), resize_range2=(0.3, MAX_RESIZE)).resize_range[1] == MAX_RESIZE
 
 

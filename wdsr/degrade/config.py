@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from typing import Any
 
 import torch
@@ -86,17 +87,30 @@ def _range(
     r = getattr(cfg, name)
     if not isinstance(r, (tuple, list)) or len(r) != 2:
         raise ValueError(f"{name} must be (low, high) with low <= high, got {brief(r)}")
-    kind = "integers" if integer else "finite numbers"
-    for v in r:
-        if isinstance(v, bool) or (integer and not isinstance(v, int)) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise ValueError(f"{name} must be (low, high), two {kind}, got {brief(r)}")
+    try:
+        r = tuple(_number(v, integer) for v in r)
+    except (TypeError, ValueError, OverflowError):
+        kind = "integers" if integer else "finite numbers"
+        raise ValueError(f"{name} must be (low, high), two {kind}, got {brief(r)}") from None
     if r[0] > r[1]:
         raise ValueError(f"{name} must be (low, high) with low <= high, got {brief(r)}")
     if r[0] < lo or r[1] > hi:
         raise ValueError(f"{name} must lie within [{lo}, {hi}]{why}, got {brief(r)}")
     if through is not None and not r[0] <= through <= r[1]:
         raise ValueError(f"{name} must contain {through} (draws below and above it), got {brief(r)}")
-    _set(cfg, name, tuple(int(v) for v in r) if integer else tuple(float(v) for v in r))
+    _set(cfg, name, r)
+
+
+def _number(v: Any, integer: bool) -> int | float:
+    """``v`` as an exact int (``integer``) or a finite float; a TypeError/ValueError/OverflowError otherwise."""
+    if isinstance(v, bool) or isinstance(v, str):
+        raise TypeError(v)
+    if integer:
+        return operator.index(v)
+    number = float(v)
+    if not math.isfinite(number):
+        raise ValueError(v)
+    return number
 
 
 def _odd(name: str, size: object, hi: int) -> int:
