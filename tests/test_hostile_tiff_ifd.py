@@ -97,3 +97,15 @@ def test_crafted_tags_are_skipped_under_on_error_skip(capsys: pytest.CaptureFixt
     assert rc == 0, se
     assert "skipped 2 source file" in so and all(str(b) in so for b in bad), so
     assert load_manifest(str(tmp_path / "skip")).samples == 1
+
+
+def test_a_palette_tiff_is_sized_by_the_scan_as_the_reader_reads_it(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A TIFF the region reader leaves to Pillow (palette) is no scan error: the scan sizes it with Pillow too."""
+    from PIL import Image
+
+    src = tmp_path / "hr"
+    src.mkdir()
+    Image.fromarray(photos()[0][:64, :96]).convert("P").save(src / "palette.tif")
+    assert header_size(fsspec.filesystem("file"), str(src / "palette.tif"), ".tif") == (96, 64)
+    rc, _, se = sm(capsys, "build", src, tmp_path / "out", "--workers", "1")
+    assert rc == 0 and load_manifest(str(tmp_path / "out")).samples == 1, se

@@ -28,7 +28,7 @@ from shardmaker.builder.regions import Region, plan_regions
 from shardmaker.errors import InputError, OnError, ShardmakerError, unreadable
 from shardmaker.format import patterns
 from shardmaker.imaging import codecs
-from shardmaker.imaging.regions import TiffRegions, is_tiff
+from shardmaker.imaging.regions import TiffFallback, TiffRegions, is_tiff
 
 log = logging.getLogger(__name__)
 _XSUFFIX = re.compile(r"^(.*?)x(\d+)$")
@@ -256,8 +256,11 @@ def header_size(fs: fsspec.AbstractFileSystem, path: str, ext: str | None = None
             head = f.read(1 << 16)
             if is_tiff(head) and (ext is None or ext.lower().lstrip(".") in ("tif", "tiff")):
                 f.seek(0)  # tifffile reads the header and the first page's tags only, whatever the file's size
-                with TiffRegions(f, drop_alpha=True, name=posixpath.basename(path)) as tif:
-                    return tif.width, tif.height
+                try:
+                    with TiffRegions(f, drop_alpha=True, name=posixpath.basename(path)) as tif:
+                        return tif.width, tif.height
+                except TiffFallback:  # palette, CMYK, ...: what SourceImage leaves to Pillow, sized by Pillow here
+                    f.seek(len(head))
             try:
                 return codecs.image_size(head, ext)
             except codecs.ImageDataError:
