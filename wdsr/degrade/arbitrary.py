@@ -18,7 +18,8 @@ import math
 import numpy as np
 import torch
 
-from wdsr.degrade.config import ArbitraryScaleConfig, check_param
+from wdsr.degrade.config import ArbitraryScaleConfig
+from wdsr.degrade.fields import check_param
 
 Params = dict[str, torch.Tensor]
 PRECISION_BITS = 22  # Pillow's fixed point for 8-bit images: 32 - 8 - 2

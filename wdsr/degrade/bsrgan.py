@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from wdsr.degrade import ops
-from wdsr.degrade.config import SHIFT_SIZE, BSRGANConfig, check_bsrgan_patch, check_param
+from wdsr.degrade.config import SHIFT_SIZE, BSRGANConfig, check_bsrgan_patch
+from wdsr.degrade.fields import check_param
 from wdsr.degrade.jpeg import DiffJPEG
 
 Params = dict[str, torch.Tensor]

@@ -8,127 +8,37 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import operator
-from typing import Any
-
-import torch
 
 from shardmaker.errors import brief
-from wdsr.bounds import check_multiple, check_number
+from wdsr.degrade.fields import (
+    MAX_GT_SIZE,
+    MAX_NOISE,
+    MAX_RESIZE,
+    RESIZE_WHY,
+    check_flag,
+    check_items,
+    check_odd,
+    check_prob,
+    check_probs,
+    check_range,
+    check_scale,
+    check_sizes,
+    set_field,
+)
 from wdsr.degrade.kernels import KERNEL_TYPES
+
+__all__ = [
+    "MAX_RESIZE",
+    "ArbitraryScaleConfig",
+    "BSRGANConfig",
+    "RealESRGANConfig",
+    "check_bsrgan_patch",
+    "check_realesrgan_patch",
+]
 
 Range = tuple[float, float]
 SHIFT_SIZE = 25  # the shifted Gaussian of BSRGAN's blur-and-subsample down-sampling
 _KPROB = (0.45, 0.25, 0.12, 0.03, 0.12, 0.03)
-MAX_SCALE = 64  # the dataset's scale range (wdsr.config)
-MAX_GT_SIZE = 1 << 16  # the dataset's patch_size range
-MAX_RESIZE = 4.0  # Real-ESRGAN's resize_range / resize_range2 upper end: an intermediate is at most 4x the patch side
-_RESIZE_WHY = " (an up-sampled intermediate is at most MAX_RESIZE x the patch side: docs/degrade.md)"
-MAX_NOISE = 255.0  # Gaussian sigma and Poisson scale (0-255 units / a multiple of the shot noise): all saturate above
-MAX_CHOICES = 256  # entries of kernel_sizes, blur_sizes, kernel_list
-
-
-def check_param(name: str, values: Any, lo: float, hi: float) -> None:
-    """A hand-made batch's parameter (``Degrader(hr, params)``) in ``[lo, hi]`` and finite, as the configs'
-    draws are: what sizes an intermediate image is never taken on trust (a ValueError naming it)."""
-    t = torch.as_tensor(values, dtype=torch.float64)
-    if t.numel() and not (bool(torch.isfinite(t).all()) and lo <= float(t.min()) and float(t.max()) <= hi):
-        got = f"[{float(t.min())}, {float(t.max())}]"
-        raise ValueError(f"params[{name!r}] must be finite and in [{lo:g}, {hi:g}], got values in {got}")
-
-
-def _set(cfg: object, name: str, value: object) -> None:
-    object.__setattr__(cfg, name, value)
-
-
-def _int(cfg: object, name: str, lo: int, hi: int) -> int:
-    """The field ``name`` as an exact int in ``[lo, hi]`` (not a bool, not a float): a ValueError naming it."""
-    value = check_number(name, getattr(cfg, name), lo, hi, integer=True)
-    _set(cfg, name, value)
-    return int(value)
-
-
-def _prob(cfg: object, name: str) -> None:
-    value = getattr(cfg, name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} is a probability, a number in [0, 1], got {brief(value)}")
-    _set(cfg, name, float(value))
-
-
-def _flag(cfg: object, name: str) -> None:
-    if not isinstance(getattr(cfg, name), bool):
-        raise ValueError(f"{name} must be true or false, got {brief(getattr(cfg, name))}")
-
-
-def _items(name: str, value: object, most: int = MAX_CHOICES) -> tuple:
-    if not isinstance(value, (tuple, list)) or not 1 <= len(value) <= most:
-        raise ValueError(f"{name} must be a list of 1 to {most} entries, got {brief(value)}")
-    return tuple(value)
-
-
-def _probs(cfg: object, name: str, n: int) -> None:
-    ps = getattr(cfg, name)
-    bad = ValueError(f"{name} must be {n} non-negative probabilities summing to 1, got {brief(ps)}")
-    if not isinstance(ps, (tuple, list)) or len(ps) != n:
-        raise bad
-    if any(isinstance(p, bool) or not isinstance(p, (int, float)) for p in ps):
-        raise bad
-    ps = tuple(check_number(f"{name} entry", p, 0.0, 1.0, integer=False) for p in ps)
-    if not math.isclose(math.fsum(ps), 1.0, abs_tol=1e-6):
-        raise ValueError(f"{name} must be {n} non-negative probabilities summing to 1, got {ps} (sum {math.fsum(ps):g})")
-    _set(cfg, name, ps)
-
-
-def _range(
-    cfg: object, name: str, lo: float, hi: float, through: float | None = None, integer: bool = False, why: str = ""
-) -> None:
-    """The field ``name`` as ``(low, high)``: two finite numbers (exact ints if ``integer``) in ``[lo, hi]``
-    with low <= high (containing ``through``); normalised to a tuple. A ValueError naming it otherwise."""
-    r = getattr(cfg, name)
-    if not isinstance(r, (tuple, list)) or len(r) != 2:
-        raise ValueError(f"{name} must be (low, high) with low <= high, got {brief(r)}")
-    try:
-        r = tuple(_number(v, integer) for v in r)
-    except (TypeError, ValueError, OverflowError):
-        kind = "integers" if integer else "finite numbers"
-        raise ValueError(f"{name} must be (low, high), two {kind}, got {brief(r)}") from None
-    if r[0] > r[1]:
-        raise ValueError(f"{name} must be (low, high) with low <= high, got {brief(r)}")
-    if r[0] < lo or r[1] > hi:
-        raise ValueError(f"{name} must lie within [{lo}, {hi}]{why}, got {brief(r)}")
-    if through is not None and not r[0] <= through <= r[1]:
-        raise ValueError(f"{name} must contain {through} (draws below and above it), got {brief(r)}")
-    _set(cfg, name, r)
-
-
-def _number(v: Any, integer: bool) -> int | float:
-    """``v`` as an exact int (``integer``) or a finite float; a TypeError/ValueError/OverflowError otherwise."""
-    if isinstance(v, bool) or isinstance(v, str):
-        raise TypeError(v)
-    if integer:
-        return operator.index(v)
-    number = float(v)
-    if not math.isfinite(number):
-        raise ValueError(v)
-    return number
-
-
-def _odd(name: str, size: object, hi: int) -> int:
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1 or size % 2 != 1 or size > hi:
-        raise ValueError(f"{name} must be odd, an integer in [1, {hi}] (a centred kernel), got {brief(size)}")
-    return size
-
-
-def _sizes(cfg: object, name: str, hi: int) -> tuple[int, ...]:
-    sizes = tuple(_odd(f"{name} entry {brief(k)}", k, hi) for k in _items(name, getattr(cfg, name)))
-    _set(cfg, name, sizes)
-    return sizes
-
-
-def _scale(cfg: object) -> None:
-    """``scale`` and ``gt_size``: exact ints, ``gt_size`` a positive multiple of ``scale``."""
-    scale = _int(cfg, "scale", 1, MAX_SCALE)
-    check_multiple(_int(cfg, "gt_size", 1, MAX_GT_SIZE), scale, "gt_size")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -174,38 +84,38 @@ class RealESRGANConfig:
     granularity: str = "sample"
 
     def __post_init__(self) -> None:
-        _scale(self)
-        _flag(self, "gt_usm")
+        check_scale(self)
+        check_flag(self, "gt_usm")
         if self.granularity not in ("sample", "batch"):
             raise ValueError(f"granularity must be 'sample' or 'batch', got {brief(self.granularity)}")
-        size = _odd("blur_kernel_size", self.blur_kernel_size, 2 * MAX_GT_SIZE + 1)
-        for k in _sizes(self, "kernel_sizes", 2 * MAX_GT_SIZE + 1):
+        size = check_odd("blur_kernel_size", self.blur_kernel_size, 2 * MAX_GT_SIZE + 1)
+        for k in check_sizes(self, "kernel_sizes", 2 * MAX_GT_SIZE + 1):
             if k > size:
                 raise ValueError(f"kernel size {k} exceeds blur_kernel_size {size}")
         for suffix in ("", "2"):
             self._round(suffix)
         for p in ("final_sinc_prob", "second_blur_prob", "final_order_prob"):
-            _prob(self, p)
+            check_prob(self, p)
         check_realesrgan_patch(self, self.gt_size)
 
     def _round(self, suffix: str) -> None:
         """The settings of one round (``suffix`` "" or "2")."""
-        kinds = _items("kernel_list" + suffix, getattr(self, "kernel_list" + suffix))
+        kinds = check_items("kernel_list" + suffix, getattr(self, "kernel_list" + suffix))
         unknown = sorted({k for k in kinds if not isinstance(k, str) or k not in KERNEL_TYPES}, key=str)
         if unknown:
             raise ValueError(f"kernel_list{suffix}: unknown kernel types {unknown}; known: {KERNEL_TYPES}")
-        _set(self, "kernel_list" + suffix, kinds)
-        _probs(self, "kernel_prob" + suffix, len(kinds))
-        _probs(self, "resize_prob" + suffix, 3)
-        _range(self, "blur_sigma" + suffix, 1e-6, math.inf)
-        _range(self, "betag_range" + suffix, 1e-6, math.inf, through=1.0)
-        _range(self, "betap_range" + suffix, 1e-6, math.inf, through=1.0)
-        _range(self, "resize_range" + suffix, 1e-6, MAX_RESIZE, through=1.0, why=_RESIZE_WHY)
-        _range(self, "noise_range" + suffix, 0.0, MAX_NOISE)
-        _range(self, "poisson_scale_range" + suffix, 0.0, MAX_NOISE)
-        _range(self, "jpeg_range" + suffix, 1.0, 100.0)
+        set_field(self, "kernel_list" + suffix, kinds)
+        check_probs(self, "kernel_prob" + suffix, len(kinds))
+        check_probs(self, "resize_prob" + suffix, 3)
+        check_range(self, "blur_sigma" + suffix, 1e-6, math.inf)
+        check_range(self, "betag_range" + suffix, 1e-6, math.inf, through=1.0)
+        check_range(self, "betap_range" + suffix, 1e-6, math.inf, through=1.0)
+        check_range(self, "resize_range" + suffix, 1e-6, MAX_RESIZE, through=1.0, why=RESIZE_WHY)
+        check_range(self, "noise_range" + suffix, 0.0, MAX_NOISE)
+        check_range(self, "poisson_scale_range" + suffix, 0.0, MAX_NOISE)
+        check_range(self, "jpeg_range" + suffix, 1.0, 100.0)
         for p in ("sinc_prob", "gaussian_noise_prob", "gray_noise_prob"):
-            _prob(self, p + suffix)
+            check_prob(self, p + suffix)
 
 
 def check_realesrgan_patch(cfg: RealESRGANConfig, patch_size: int) -> None:
@@ -236,12 +146,12 @@ class BSRGANConfig:
     jpeg_range: tuple[int, int] = (30, 95)  # integer qualities
 
     def __post_init__(self) -> None:
-        _scale(self)
-        _sizes(self, "blur_sizes", 2 * MAX_GT_SIZE + 1)
+        check_scale(self)
+        check_sizes(self, "blur_sizes", 2 * MAX_GT_SIZE + 1)
         for p in ("scale2_prob", "down2_prob", "jpeg_prob"):
-            _prob(self, p)
-        _range(self, "noise_range", 0, int(MAX_NOISE), integer=True)
-        _range(self, "jpeg_range", 1, 100, integer=True)
+            check_prob(self, p)
+        check_range(self, "noise_range", 0, int(MAX_NOISE), integer=True)
+        check_range(self, "jpeg_range", 1, 100, integer=True)
         check_bsrgan_patch(self, self.gt_size)
 
 
@@ -266,9 +176,9 @@ class ArbitraryScaleConfig:
     quantize: bool = True
 
     def __post_init__(self) -> None:
-        _scale(self)
-        _flag(self, "quantize")
-        _range(self, "scale_range", 1.0, math.inf)
+        check_scale(self)
+        check_flag(self, "quantize")
+        check_range(self, "scale_range", 1.0, math.inf)
         r = self.scale_range
         if r[1] > self.gt_size:
             raise ValueError(f"scale_range {r} goes above gt_size {self.gt_size}: an LR patch needs a pixel")

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from wdsr.degrade import ops
-from wdsr.degrade.config import MAX_RESIZE, RealESRGANConfig, check_param, check_realesrgan_patch
+from wdsr.degrade.config import RealESRGANConfig, check_realesrgan_patch
+from wdsr.degrade.fields import MAX_RESIZE, check_param
 from wdsr.degrade.jpeg import DiffJPEG
 from wdsr.degrade.kernels import KernelSpec, build_kernel, draw_mixed_kernel, pad_kernel, pick
 
