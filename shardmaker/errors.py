@@ -81,6 +81,13 @@ class InputError(ShardmakerError, ValueError):
         return (type(self), (self.path, self.reason))
 
 
+def unreadable(exc: BaseException) -> str:
+    """The reason of an :class:`InputError` for a decoder's own exception on a source (any type: a crafted
+    file reaches code paths its decoder never meant to raise from): one line, its type and start."""
+    first = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return f"cannot read it ({type(exc).__name__}{': ' + first if first else ''})"
+
+
 class BuildError(ShardmakerError):
     """The build cannot go on: output refused, write failed, parts inconsistent."""
 

@@ -45,11 +45,11 @@ def _pil(hr: np.ndarray, h: int, w: int) -> torch.Tensor:
         ({"scale_range": (4.0, 1.0)}, r"scale_range must be \(low, high\) with low <= high"),
         ({"scale_range": (0.5, 4.0)}, r"scale_range must lie within \[1.0, inf\]"),
         ({"scale_range": (0.0, 2.0)}, r"scale_range must lie within \[1.0, inf\]"),
-        ({"scale_range": (1.0, float("nan"))}, "scale_range must be finite"),
+        ({"scale_range": (1.0, float("nan"))}, r"scale_range must be \(low, high\), two finite numbers"),
         ({"scale_range": (1.0,)}, r"scale_range must be \(low, high\)"),
         ({"scale_range": (1.0, 300.0)}, "goes above gt_size 192"),
         ({"scale": 4, "gt_size": 190}, "gt_size 190 must be a positive multiple of scale 4"),
-        ({"scale": 0}, "must be a positive multiple of scale 0"),
+        ({"scale": 0}, r"scale must be an integer in \[1, 64\], got 0"),
     ],
 )
 def test_bad_config_is_one_clear_error(change: dict, message: str) -> None:

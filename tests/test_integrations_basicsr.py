@@ -237,3 +237,31 @@ def test_basicsr_real_esrnet_style_run_from_hr_only_shards(setup: Path, tmp_path
     logs = "".join(p.read_text() for p in (setup / "straight/experiments/edsr_tiny").glob("train_*.log"))
     losses = [float(v) for v in re.findall(r"l_pix: ([-+.e\d]+)", logs)]
     assert losses and max(losses) < 1
+
+
+@pytest.mark.parametrize("seed", [".inf", "[1, 2]", "abc", "true", "4.0", "-1", "1" + "0" * 400, "{a: 1}"])
+def test_a_bad_manual_seed_is_one_line_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str], seed: str) -> None:
+    from wdsr.integrations.basicsr import main
+
+    (tmp_path / "train.yml").write_text(f"name: t\nmanual_seed: {seed}\n")
+    assert main(["-opt", str(tmp_path / "train.yml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "manual_seed must be an integer in [0, 2147483647]" in err and "train.yml" in err, err
+
+
+def test_a_python_tag_in_the_yaml_runs_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """BasicSR loads ``-opt`` with ``yaml.Loader``, which runs ``!!python/object/apply``; our ``safe_load`` of
+    the same file comes first and refuses the tag: exit 2 before anything in the file runs."""
+    from wdsr.integrations.basicsr import main
+
+    mark = tmp_path / "ran"
+    tag = f"!!python/object/apply:os.mkdir [{str(mark)!r}]"
+    for key in ("manual_seed", "name"):
+        (tmp_path / "train.yml").write_text(f"{key}: {tag}\n")
+        assert main(["-opt", str(tmp_path / "train.yml")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "python/object/apply:os.mkdir" in err and "line 1" in err, err
+        assert not mark.exists()
+    (tmp_path / "bad.yml").write_bytes(b"name: [\n")
+    assert main(["-opt", str(tmp_path / "bad.yml")]) == 2 and "not a BasicSR YAML" in capsys.readouterr().err
+    assert main(["-opt", str(tmp_path / "missing.yml")]) == 2 and "No such file" in capsys.readouterr().err

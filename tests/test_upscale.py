@@ -13,6 +13,7 @@ from shardmaker import imaging
 from shardmaker.imaging import Codec
 from tests.helpers import photos, save
 from wdsr.metrics import psnr_y, ssim_y
+from wdsr.tools import upscale
 from wdsr.tools.cli import main
 from wdsr.tools.upscale import load_model, read_image, upscale_image
 
@@ -201,6 +202,47 @@ def test_bad_input_is_one_line_and_exit_2(photo_shards, tmp_path_factory, tmp_pa
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and err.startswith("wdsr upscale: error:"), err
     assert says in err, err
+
+
+def _tampered(run: Path, path: Path, edit) -> Path:
+    """The run's newest checkpoint with ``edit(state)`` applied, saved at ``path``."""
+    state = torch.load(sorted((run / "checkpoints").glob("step-*.pt"))[-1], weights_only=True)
+    edit(state)
+    torch.save(state, path)
+    return path
+
+
+def _conv(state: dict) -> str:
+    return next(k for k, v in state["model"].items() if v.ndim == 4)
+
+
+HOSTILE_CHECKPOINTS = {  # issue 38, M7: what a checkpoint claims is checked before the model is built
+    "scale_2000": (lambda s: s["config"].update(scale=2000), "the checkpoint's scale must be an integer in [2, 64], got 2000"),
+    "scale_float": (lambda s: s["config"].update(scale=4.0), "scale must be an integer in [2, 64], got 4.0"),
+    "scale_true": (lambda s: s["config"].update(scale=True), "scale must be an integer in [2, 64], got True"),
+    "scale_str": (lambda s: s["config"].update(scale="4"), "scale must be an integer in [2, 64], got '4'"),
+    "other_scale": (lambda s: s["config"].update(scale=64), "weights do not fit espcn x64"),
+    "unknown_model": (lambda s: s["config"].update(model="espcn-xl"), "model 'espcn-xl' is not one of edsr-baseline"),
+    "bad_shape": (lambda s: s["model"].update({_conv(s): torch.zeros(2, 3, 1, 1)}), "in the file"),
+    "not_a_tensor": (lambda s: s["model"].update({_conv(s): [1, 2]}), "not a tensor"),
+    "channels": (lambda s: s["model"].update({_conv(s): torch.zeros(64, 5, 5, 5)}), "takes 5 channels"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_CHECKPOINTS))
+def test_a_hostile_checkpoint_is_refused_before_the_model_is_built(
+    photo_shards, tmp_path_factory, tmp_path, capsys, monkeypatch, case
+):
+    edit, says = HOSTILE_CHECKPOINTS[case]
+    ckpt = _tampered(trained_run(photo_shards, tmp_path_factory), tmp_path / "ckpt.pt", edit)
+    img = save(tmp_path / "x.png", _lr_photo(20, 20))
+    built: list[tuple] = []
+    real = upscale.build_model  # watched, not replaced: a model built before the refusal is the bug
+    monkeypatch.setattr(upscale, "build_model", lambda *a, **k: built.append(a) or real(*a, **k))
+    rc = main(["upscale", str(ckpt), str(img), "-o", str(tmp_path / "out"), "--tile", "0", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "ckpt.pt" in err and says in err, err
+    assert built == [] and not (tmp_path / "out").exists()
 
 
 # ---- outputs: an input is never replaced, an existing file only with --overwrite (issue 38, High 3) ----

@@ -16,7 +16,7 @@ from fsspec.core import url_to_fs
 
 from shardmaker import storage
 from shardmaker.builder.regions import DEFAULT_REGION, Region, region_lr
-from shardmaker.errors import InputError, MissingExtraError, brief
+from shardmaker.errors import InputError, MissingExtraError, ShardmakerError, brief, unreadable
 from shardmaker.format import pair_fits
 from shardmaker.format import tiles as tl
 from shardmaker.imaging import codecs
@@ -119,6 +119,12 @@ class SourceImage:
         except OSError as exc:
             self.close(f)
             raise InputError(url, f"cannot read ({exc})") from None
+        except ShardmakerError:
+            self.close(f)
+            raise
+        except Exception as exc:  # noqa: BLE001 - a decoder's own error on a crafted file: the file's error
+            self.close(f)
+            raise InputError(url, unreadable(exc)) from None
         except BaseException:
             self.close(f)
             raise
@@ -163,6 +169,10 @@ class SourceImage:
                     raise InputError(self.url, str(exc)) from None
             except ImageDataError as exc:
                 raise InputError(self.url, str(exc)) from None
+            except ShardmakerError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a decoder's own error on a crafted file: the file's error
+                raise InputError(self.url, unreadable(exc)) from None
         return self._pixels[y : y + h, x : x + w]
 
 

@@ -25,10 +25,10 @@ from fsspec.core import url_to_fs
 from shardmaker import storage
 from shardmaker.builder.clipplan import ClipPart
 from shardmaker.builder.regions import Region, plan_regions
-from shardmaker.errors import InputError, OnError
+from shardmaker.errors import InputError, OnError, ShardmakerError, unreadable
 from shardmaker.format import patterns
 from shardmaker.imaging import codecs
-from shardmaker.imaging.regions import TiffRegions, is_tiff
+from shardmaker.imaging.regions import TiffFallback, TiffRegions, is_tiff
 
 log = logging.getLogger(__name__)
 _XSUFFIX = re.compile(r"^(.*?)x(\d+)$")
@@ -256,8 +256,11 @@ def header_size(fs: fsspec.AbstractFileSystem, path: str, ext: str | None = None
             head = f.read(1 << 16)
             if is_tiff(head) and (ext is None or ext.lower().lstrip(".") in ("tif", "tiff")):
                 f.seek(0)  # tifffile reads the header and the first page's tags only, whatever the file's size
-                with TiffRegions(f, drop_alpha=True, name=posixpath.basename(path)) as tif:
-                    return tif.width, tif.height
+                try:
+                    with TiffRegions(f, drop_alpha=True, name=posixpath.basename(path)) as tif:
+                        return tif.width, tif.height
+                except TiffFallback:  # palette, CMYK, ...: what SourceImage leaves to Pillow, sized by Pillow here
+                    f.seek(len(head))
             try:
                 return codecs.image_size(head, ext)
             except codecs.ImageDataError:
@@ -269,6 +272,10 @@ def header_size(fs: fsspec.AbstractFileSystem, path: str, ext: str | None = None
         raise InputError(path, str(exc)) from None
     except OSError as exc:
         raise InputError(path, f"cannot read ({exc})") from None
+    except ShardmakerError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a decoder's own error on a crafted header: the file's error
+        raise InputError(path, unreadable(exc)) from None
 
 
 def scale_of(hr_size: tuple[int, int], lr_size: tuple[int, int], mod_crop: bool) -> int:

@@ -11,7 +11,8 @@ decode; a file ``tifffile`` cannot parse is an :class:`ImageDataError`, never it
 
 from __future__ import annotations
 
-from typing import Any, BinaryIO
+from collections.abc import Callable
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from shardmaker.format.frames import FrameCodec, HeaderError, declared_frame
 
 __all__ = ["MAX_SEGMENT_PIXELS", "MissingCodecError", "TiffFallback", "TiffRegions", "is_tiff"]
 
+T = TypeVar("T")
 MAX_SEGMENT_PIXELS = 1 << 26  # one tile or strip: 8192 x 8192
 _SIDE = 1 << 20
 TIFF_MAGICS = (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+")  # classic and BigTIFF, both byte orders
@@ -49,6 +51,23 @@ class MissingCodecError(TiffFallback):
         return (type(self), (str(self), self.compression))
 
 
+def _name(value: Any) -> str:
+    """A tag value's enum name, or the number itself (tifffile leaves a value no enum knows an int)."""
+    return str(getattr(value, "name", value))
+
+
+def _as_data_error(what: str, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, with any error but ours an :class:`ImageDataError`: tifffile parses tags lazily, and a
+    crafted IFD fails there in any type (an unknown enum value, a multi-valued tag where one is expected,
+    fewer byte counts than offsets); it is the file's error, never a crash of the build."""
+    try:
+        return fn(*args)
+    except ImageDataError:
+        raise
+    except Exception as e:  # noqa: BLE001 - tifffile raises many types on crafted files
+        raise ImageDataError(f"{what}: not a readable TIFF ({type(e).__name__}: {str(e)[:200]})") from None
+
+
 def is_tiff(head: bytes) -> bool:
     return head[:4] in TIFF_MAGICS
 
@@ -71,7 +90,7 @@ class TiffRegions:
         except Exception as e:  # noqa: BLE001 - tifffile raises many types on crafted files
             raise ImageDataError(f"not a readable TIFF ({type(e).__name__}: {str(e)[:200]})") from None
         try:
-            self._setup(page, drop_alpha)
+            _as_data_error("TIFF tags", self._setup, page, drop_alpha)
         except BaseException:
             self.close()
             raise
@@ -82,7 +101,7 @@ class TiffRegions:
         photometric = int(page.photometric)
         jpeg_ycbcr = photometric == 6 and int(page.compression) in (6, 7)  # tifffile decodes JPEG YCbCr to RGB
         if photometric not in (1, 2) and not jpeg_ycbcr:
-            raise TiffFallback(f"TIFF photometric {page.photometric.name}: region reads take grey or RGB only")
+            raise TiffFallback(f"TIFF photometric {_name(page.photometric)}: region reads take grey or RGB only")
         if page.dtype not in (np.uint8, np.uint16):
             raise ImageDataError(f"TIFF of {page.dtype} samples: 8- and 16-bit images only")
         spp = int(page.samplesperpixel)
@@ -128,7 +147,8 @@ class TiffRegions:
                 continue  # an alpha plane, dropped
             for r in range(y // sh, (y + h - 1) // sh + 1):
                 for c in range(x // sw, (x + w - 1) // sw + 1):
-                    seg = self._segment(plane * self._grid[0] * cols + r * cols + c)
+                    i = plane * self._grid[0] * cols + r * cols + c
+                    seg = _as_data_error(f"TIFF segment {i}", self._segment, i)
                     ty, tx = r * sh, c * sw
                     y0, x0, y1, x1 = max(y, ty), max(x, tx), min(y + h, ty + sh), min(x + w, tx + sw)
                     part = seg[y0 - ty : y1 - ty, x0 - tx : x1 - tx]
@@ -162,8 +182,8 @@ class TiffRegions:
         except Exception as e:  # noqa: BLE001 - a codec's own error on corrupt data
             if "imagecodecs" in str(e):  # tifffile needs it for LZW, zstd, JPEG, ... segments: the tiff extra
                 raise MissingCodecError(
-                    f"TIFF segment {i}: {page.compression.name} segments need imagecodecs (pip install 'wdsr[tiff]')",
-                    page.compression.name,
+                    f"TIFF segment {i}: {_name(page.compression)} segments need imagecodecs (pip install 'wdsr[tiff]')",
+                    _name(page.compression),
                 ) from None
             raise ImageDataError(f"TIFF segment {i}: {type(e).__name__}: {str(e)[:200]}") from None
         short = (1, self._rows(i), sw, samples)  # a last strip holds the rows left
@@ -188,7 +208,7 @@ class TiffRegions:
             import tifffile
 
             if compression in tifffile.TIFF.IMAGE_COMPRESSIONS:
-                name = self._page.compression.name
+                name = _name(self._page.compression)
                 raise ImageDataError(f"{where}: {name} segments declare a size no check reads here; refused before decoding")
             return
         try:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from wdsr.degrade.config import ArbitraryScaleConfig
+from wdsr.degrade.fields import check_param
 
 Params = dict[str, torch.Tensor]
 PRECISION_BITS = 22  # Pillow's fixed point for 8-bit images: 32 - 8 - 2
@@ -119,6 +120,7 @@ class ArbitraryScalePipeline(torch.nn.Module):
     def forward(self, gt: torch.Tensor, p: Params, granularity: str = "batch") -> tuple[torch.Tensor, torch.Tensor]:
         if granularity != "batch":
             raise ValueError("ArbitraryScaleConfig draws one scale per batch (LR patches of one size, to stack)")
-        s = float(p["scale"][0])
         h, w = gt.shape[-2:]
+        check_param("scale", p["scale"][:1], 1.0, max(h, w))  # >= 1: the LR is never larger than the HR
+        s = float(p["scale"][0])
         return pillow_bicubic(gt, (lr_side(h, s), lr_side(w, s)), self.cfg.quantize), gt

@@ -22,11 +22,11 @@ import numpy as np
 import torch
 
 from wdsr.degrade import ops
-from wdsr.degrade.config import BSRGANConfig
+from wdsr.degrade.config import SHIFT_SIZE, BSRGANConfig, check_bsrgan_patch
+from wdsr.degrade.fields import check_param
 from wdsr.degrade.jpeg import DiffJPEG
 
 Params = dict[str, torch.Tensor]
-SHIFT_SIZE = 25  # the shifted Gaussian of BSRGAN's blur-and-subsample down-sampling
 
 
 def fspecial_gaussian(size: int, sigma: float) -> np.ndarray:
@@ -98,10 +98,8 @@ def _noise_factor(rng: np.random.Generator, cfg: BSRGANConfig) -> np.ndarray:
 def draw_arrays(cfg: BSRGANConfig, rng: np.random.Generator, patch_size: int) -> dict[str, np.ndarray]:
     """One sample's BSRGAN parameters (module docstring), all from ``rng``. (numpy arrays; ``patch_size``
     a multiple of ``cfg.scale``: ``degrader.draw_arrays`` checks it)"""
+    check_bsrgan_patch(cfg, patch_size)
     pad = max(max(cfg.blur_sizes), SHIFT_SIZE)
-    if patch_size // (2 * cfg.scale) <= pad // 2:
-        least = 2 * cfg.scale * (pad // 2 + 1)
-        raise ValueError(f"patch_size {patch_size} is too small for {pad}-tap kernels at 1/{2 * cfg.scale}: at least {least}")
     sf, pre = cfg.scale, 0
     if sf == 4 and rng.uniform() < cfg.scale2_prob:
         pre = int(rng.integers(1, 4)) if rng.uniform() < 0.5 else 4
@@ -143,6 +141,7 @@ class BSRGANPipeline(torch.nn.Module):
     def forward(self, gt: torch.Tensor, p: Params, granularity: str = "sample") -> tuple[torch.Tensor, torch.Tensor]:
         if granularity != "sample":
             raise ValueError("BSRGAN degrades each sample on its own")
+        check_param("down2_scale", p["down2_scale"], 1.0, 2.0 * self.cfg.scale)  # >= 1: it only shrinks
         return torch.cat([self._one(gt[i : i + 1], {k: v[i : i + 1] for k, v in p.items()}) for i in range(len(gt))]), gt
 
     def _one(self, gt: torch.Tensor, p: Params) -> torch.Tensor:

@@ -9,39 +9,36 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from wdsr.bounds import check_multiple
+from shardmaker.errors import brief
+from wdsr.degrade.fields import (
+    MAX_GT_SIZE,
+    MAX_NOISE,
+    MAX_RESIZE,
+    RESIZE_WHY,
+    check_flag,
+    check_items,
+    check_odd,
+    check_prob,
+    check_probs,
+    check_range,
+    check_scale,
+    check_sizes,
+    set_field,
+)
 from wdsr.degrade.kernels import KERNEL_TYPES
 
+__all__ = [
+    "MAX_RESIZE",
+    "ArbitraryScaleConfig",
+    "BSRGANConfig",
+    "RealESRGANConfig",
+    "check_bsrgan_patch",
+    "check_realesrgan_patch",
+]
+
 Range = tuple[float, float]
+SHIFT_SIZE = 25  # the shifted Gaussian of BSRGAN's blur-and-subsample down-sampling
 _KPROB = (0.45, 0.25, 0.12, 0.03, 0.12, 0.03)
-
-
-def _prob(name: str, p: float) -> None:
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"{name} is a probability, got {p}")
-
-
-def _probs(name: str, ps: tuple[float, ...], n: int) -> None:
-    if len(ps) != n or any(p < 0 for p in ps) or not math.isclose(math.fsum(ps), 1.0, abs_tol=1e-6):
-        raise ValueError(f"{name} must be {n} non-negative probabilities summing to 1, got {ps} (sum {math.fsum(ps):g})")
-
-
-def _range(name: str, r: Range, lo: float = -math.inf, hi: float = math.inf, through: float | None = None) -> None:
-    if len(r) != 2 or r[0] > r[1]:
-        raise ValueError(f"{name} must be (low, high) with low <= high, got {r}")
-    if r[0] < lo or r[1] > hi:
-        raise ValueError(f"{name} must lie within [{lo}, {hi}], got {r}")
-    if through is not None and not r[0] <= through <= r[1]:
-        raise ValueError(f"{name} must contain {through} (draws below and above it), got {r}")
-
-
-def _odd(name: str, size: int) -> None:
-    if size < 1 or size % 2 != 1:
-        raise ValueError(f"{name} must be odd and positive (a centred kernel), got {size}")
-
-
-def _scale(scale: int, gt_size: int) -> None:
-    check_multiple(gt_size, scale, "gt_size")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -87,34 +84,51 @@ class RealESRGANConfig:
     granularity: str = "sample"
 
     def __post_init__(self) -> None:
-        _scale(self.scale, self.gt_size)
+        check_scale(self)
+        check_flag(self, "gt_usm")
         if self.granularity not in ("sample", "batch"):
-            raise ValueError(f"granularity must be 'sample' or 'batch', got {self.granularity!r}")
-        _odd("blur_kernel_size", self.blur_kernel_size)
-        if not self.kernel_sizes:
-            raise ValueError("kernel_sizes is empty")
-        for k in self.kernel_sizes:
-            _odd(f"kernel_sizes entry {k}", k)
-            if k > self.blur_kernel_size:
-                raise ValueError(f"kernel size {k} exceeds blur_kernel_size {self.blur_kernel_size}")
+            raise ValueError(f"granularity must be 'sample' or 'batch', got {brief(self.granularity)}")
+        size = check_odd("blur_kernel_size", self.blur_kernel_size, 2 * MAX_GT_SIZE + 1)
+        for k in check_sizes(self, "kernel_sizes", 2 * MAX_GT_SIZE + 1):
+            if k > size:
+                raise ValueError(f"kernel size {k} exceeds blur_kernel_size {size}")
         for suffix in ("", "2"):
-            kinds, probs = getattr(self, "kernel_list" + suffix), getattr(self, "kernel_prob" + suffix)
-            unknown = set(kinds) - set(KERNEL_TYPES)
-            if unknown:
-                raise ValueError(f"kernel_list{suffix}: unknown kernel types {sorted(unknown)}; known: {KERNEL_TYPES}")
-            _probs("kernel_prob" + suffix, probs, len(kinds))
-            _probs("resize_prob" + suffix, getattr(self, "resize_prob" + suffix), 3)
-            _range("blur_sigma" + suffix, getattr(self, "blur_sigma" + suffix), lo=1e-6)
-            _range("betag_range" + suffix, getattr(self, "betag_range" + suffix), lo=1e-6, through=1.0)
-            _range("betap_range" + suffix, getattr(self, "betap_range" + suffix), lo=1e-6, through=1.0)
-            _range("resize_range" + suffix, getattr(self, "resize_range" + suffix), lo=1e-6, through=1.0)
-            _range("noise_range" + suffix, getattr(self, "noise_range" + suffix), lo=0.0)
-            _range("poisson_scale_range" + suffix, getattr(self, "poisson_scale_range" + suffix), lo=0.0)
-            _range("jpeg_range" + suffix, getattr(self, "jpeg_range" + suffix), lo=1.0, hi=100.0)
-            for p in ("sinc_prob", "gaussian_noise_prob", "gray_noise_prob"):
-                _prob(p + suffix, getattr(self, p + suffix))
+            self._round(suffix)
         for p in ("final_sinc_prob", "second_blur_prob", "final_order_prob"):
-            _prob(p, getattr(self, p))
+            check_prob(self, p)
+        check_realesrgan_patch(self, self.gt_size)
+
+    def _round(self, suffix: str) -> None:
+        """The settings of one round (``suffix`` "" or "2")."""
+        kinds = check_items("kernel_list" + suffix, getattr(self, "kernel_list" + suffix))
+        unknown = sorted({k for k in kinds if not isinstance(k, str) or k not in KERNEL_TYPES}, key=str)
+        if unknown:
+            raise ValueError(f"kernel_list{suffix}: unknown kernel types {unknown}; known: {KERNEL_TYPES}")
+        set_field(self, "kernel_list" + suffix, kinds)
+        check_probs(self, "kernel_prob" + suffix, len(kinds))
+        check_probs(self, "resize_prob" + suffix, 3)
+        check_range(self, "blur_sigma" + suffix, 1e-6, math.inf)
+        check_range(self, "betag_range" + suffix, 1e-6, math.inf, through=1.0)
+        check_range(self, "betap_range" + suffix, 1e-6, math.inf, through=1.0)
+        check_range(self, "resize_range" + suffix, 1e-6, MAX_RESIZE, through=1.0, why=RESIZE_WHY)
+        check_range(self, "noise_range" + suffix, 0.0, MAX_NOISE)
+        check_range(self, "poisson_scale_range" + suffix, 0.0, MAX_NOISE)
+        check_range(self, "jpeg_range" + suffix, 1.0, 100.0)
+        for p in ("sinc_prob", "gaussian_noise_prob", "gray_noise_prob"):
+            check_prob(self, p + suffix)
+
+
+def check_realesrgan_patch(cfg: RealESRGANConfig, patch_size: int) -> None:
+    """A ``patch_size`` HR patch survives every step: each blurred image is wider than the kernel's reflect
+    padding, and round 2's resize (relative to the LR side) leaves a pixel."""
+    smallest = min(int(patch_size * cfg.resize_range[0]), patch_size // cfg.scale)  # what a kernel may blur
+    if smallest <= cfg.blur_kernel_size // 2:
+        k = cfg.blur_kernel_size
+        raise ValueError(
+            f"patch_size {patch_size} is too small: blurred at {smallest} px, under a {k}-tap kernel's reflect padding"
+        )
+    if int(patch_size // cfg.scale * cfg.resize_range2[0]) < 1:
+        raise ValueError(f"resize_range2 {cfg.resize_range2} shrinks the {patch_size // cfg.scale} px LR side to 0 px")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -132,15 +146,21 @@ class BSRGANConfig:
     jpeg_range: tuple[int, int] = (30, 95)  # integer qualities
 
     def __post_init__(self) -> None:
-        _scale(self.scale, self.gt_size)
-        if not self.blur_sizes:
-            raise ValueError("blur_sizes is empty")
-        for k in self.blur_sizes:
-            _odd(f"blur_sizes entry {k}", k)
+        check_scale(self)
+        check_sizes(self, "blur_sizes", 2 * MAX_GT_SIZE + 1)
         for p in ("scale2_prob", "down2_prob", "jpeg_prob"):
-            _prob(p, getattr(self, p))
-        _range("noise_range", self.noise_range, lo=0.0)
-        _range("jpeg_range", self.jpeg_range, lo=1.0, hi=100.0)
+            check_prob(self, p)
+        check_range(self, "noise_range", 0, int(MAX_NOISE), integer=True)
+        check_range(self, "jpeg_range", 1, 100, integer=True)
+        check_bsrgan_patch(self, self.gt_size)
+
+
+def check_bsrgan_patch(cfg: BSRGANConfig, patch_size: int) -> None:
+    """A ``patch_size`` HR patch at 1/(2 scale) is still wider than the largest kernel's reflect padding."""
+    pad = max(max(cfg.blur_sizes), SHIFT_SIZE)
+    if patch_size // (2 * cfg.scale) <= pad // 2:
+        least = 2 * cfg.scale * (pad // 2 + 1)
+        raise ValueError(f"patch_size {patch_size} is too small for {pad}-tap kernels at 1/{2 * cfg.scale}: at least {least}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -156,10 +176,9 @@ class ArbitraryScaleConfig:
     quantize: bool = True
 
     def __post_init__(self) -> None:
-        _scale(self.scale, self.gt_size)
+        check_scale(self)
+        check_flag(self, "quantize")
+        check_range(self, "scale_range", 1.0, math.inf)
         r = self.scale_range
-        if len(r) == 2 and not all(math.isfinite(v) for v in r):
-            raise ValueError(f"scale_range must be finite, got {r}")
-        _range("scale_range", r, lo=1.0)
         if r[1] > self.gt_size:
             raise ValueError(f"scale_range {r} goes above gt_size {self.gt_size}: an LR patch needs a pixel")

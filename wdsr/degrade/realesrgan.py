@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from wdsr.degrade import ops
-from wdsr.degrade.config import RealESRGANConfig
+from wdsr.degrade.config import RealESRGANConfig, check_realesrgan_patch
+from wdsr.degrade.fields import MAX_RESIZE, check_param
 from wdsr.degrade.jpeg import DiffJPEG
 from wdsr.degrade.kernels import KernelSpec, build_kernel, draw_mixed_kernel, pad_kernel, pick
 
@@ -73,12 +74,7 @@ def draw_arrays(cfg: RealESRGANConfig, rng: np.random.Generator, patch_size: int
     """One sample's parameters (table above) as numpy arrays, every draw from ``rng``; the kernels are
     built here (``degrader.draw_params`` makes them tensors; the stream keeps them numpy until the batch).
     ``patch_size`` is a multiple of ``cfg.scale`` (``degrader.draw_arrays`` checks it)."""
-    smallest = min(int(patch_size * cfg.resize_range[0]), patch_size // cfg.scale)  # what a kernel may blur
-    if smallest <= cfg.blur_kernel_size // 2:
-        k = cfg.blur_kernel_size
-        raise ValueError(
-            f"patch_size {patch_size} is too small: blurred at {smallest} px, under a {k}-tap kernel's reflect padding"
-        )
+    check_realesrgan_patch(cfg, patch_size)
     specs = draw_kernel_specs(cfg, rng)
     size = cfg.blur_kernel_size
     kernels = [build_kernel(s, size) if s is not None else pad_kernel(np.ones((1, 1)), size) for s in specs]
@@ -133,6 +129,7 @@ class RealESRGANPipeline(torch.nn.Module):
     def forward(self, gt: torch.Tensor, p: Params, granularity: str) -> tuple[torch.Tensor, torch.Tensor]:
         """``(lr, hr)`` of float ``gt``: the sharpening and the first blur (a kernel per sample) run on
         the whole batch, as in ``feed_data``; the rest once (``"batch"``) or per sample."""
+        check_param("resize_scale", p["resize_scale"], 1e-6, MAX_RESIZE)  # the only up-sampling steps
         hr = self.usm(gt) if self.cfg.gt_usm else gt
         out = ops.filter2d(hr, p["kernel1"].to(gt.device))
         if granularity == "batch":

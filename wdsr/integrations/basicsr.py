@@ -31,6 +31,8 @@ import yaml
 
 import wdsr
 from shardmaker import storage
+from shardmaker.exitcodes import ExitCode
+from wdsr.bounds import check_number
 from wdsr.degrade import registry
 from wdsr.loader import SRLoader
 
@@ -40,6 +42,7 @@ TYPE = "WdsrDataset"
 RENAMED = {"dataroot": "url", "gt_size": "patch_size", "batch_size_per_gpu": "batch_size"}  # BasicSR's name -> ours
 LOADER = {"num_worker_per_gpu": "num_workers", "pin_memory": "pin_memory", "prefetch_factor": "prefetch_factor"}
 IGNORED = ("name", "type", "phase", "use_shuffle", "prefetch_mode")  # BasicSR's bookkeeping; wdsr always shuffles
+MAX_SEED = 2**31 - 1  # BasicSR seeds numpy with manual_seed + rank, and numpy takes seeds below 2**32
 STATE_SUFFIX = ".wdsr.json"  # not ".state": BasicSR's auto_resume takes every "*state" file for an iteration number
 
 
@@ -280,20 +283,38 @@ def install(session: Session) -> None:
 
 def _yaml_seed(argv: Sequence[str]) -> int:
     """The top-level ``manual_seed`` of the ``-opt`` file (0 without one): BasicSR draws a seed per
-    rank when it is missing, and the wdsr plan needs one seed on every rank."""
+    rank when it is missing, and the wdsr plan needs one seed on every rank. A ValueError (one line,
+    naming the file and ``manual_seed``) for a file that cannot be read or a seed that is not an integer
+    in [0, MAX_SEED]."""
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("-opt", required=True)
     args, _ = parser.parse_known_args(argv)
-    doc = yaml.safe_load(storage.read_local(args.opt))
+    try:
+        # safe_load, never BasicSR's own loader: BasicSR reads this file again with yaml.Loader, which runs
+        # `!!python/object/apply` tags. This load comes first (main), so such a file stops here, before any
+        # of it runs (tests/test_integrations_basicsr.py::test_a_python_tag_in_the_yaml_runs_nothing).
+        doc = yaml.safe_load(storage.read_local(args.opt))  # a regular file: never a FIFO's hang
+    except OSError as exc:
+        raise ValueError(f"-opt {args.opt}: {exc.strerror or exc}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        mark = getattr(exc, "problem_mark", None)
+        raise ValueError(f"-opt {args.opt}{f' line {mark.line + 1}' if mark else ''}: not a BasicSR YAML: {problem}") from None
     seed = doc.get("manual_seed") if isinstance(doc, dict) else None
-    return int(seed) if seed is not None else 0
+    if seed is None:
+        return 0
+    return int(check_number(f"-opt {args.opt}: manual_seed", seed, 0, MAX_SEED, integer=True))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m wdsr.integrations.basicsr -opt train.yml [BasicSR's flags]``: BasicSR's
     ``train_pipeline`` with experiments under the current folder, as BasicSR's own ``train.py``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    session = Session(_yaml_seed(argv))
+    try:
+        session = Session(_yaml_seed(argv))
+    except ValueError as exc:
+        print(f"wdsr.integrations.basicsr: error: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     install(session)
     from basicsr.train import train_pipeline
 

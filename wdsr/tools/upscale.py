@@ -29,6 +29,7 @@ from shardmaker import imaging, storage
 from shardmaker.imaging import Codec
 from wdsr.metrics import psnr_y, ssim_y
 from wdsr.pipeline.tiles import stitch, tile_boxes
+from wdsr.tools.ckptcheck import check_checkpoint
 from wdsr.tools.references import IMAGE_EXTS, crop_reference, pair_references
 from wdsr.train.checkpoint import FORMAT, RunDir, RunError
 from wdsr.train.models import build_model, residual_of
@@ -76,25 +77,19 @@ def _read_checkpoint(source: str) -> tuple[dict[str, Any], str]:
 def load_model(source: str, device: torch.device | str = "cpu") -> Loaded:
     """Build the model a ``wdsr train`` checkpoint (file or run folder) names and load its weights."""
     state, where = _read_checkpoint(source)
-    config = state.get("config") or {}
-    if not isinstance(config, dict) or "model" not in config or "scale" not in config:
-        raise RunError(f"{where}: the checkpoint's config lacks 'model' or 'scale'")
+    name, scale, channels = check_checkpoint(state, where)  # before anything is built: the file is untrusted
     weights = state["model"]
-    convs = [v for v in weights.values() if isinstance(v, torch.Tensor) and v.ndim == 4]
-    if not convs:
-        raise RunError(f"{where}: the checkpoint holds no convolution weights")
-    channels = int(convs[0].shape[1])  # the first conv's input channels: 3 (RGB) or 1 (grey)
-    try:
-        residual = residual_of(config, where)  # the checkpoint's variant (none: a run from before the field)
+    try:  # the checkpoint's variant (none: a run from before the field)
+        residual = residual_of(state.get("config") or {}, where)
     except ValueError as exc:
         raise RunError(str(exc)) from None
-    model = build_model(config["model"], int(config["scale"]), channels, residual=residual)
+    model = build_model(name, scale, channels, residual=residual)
     try:
         model.load_state_dict(weights)
     except RuntimeError as exc:
-        raise RunError(f"{where}: weights do not fit {config['model']} x{config['scale']} ({str(exc)[:160]})") from None
+        raise RunError(f"{where}: weights do not fit {name} x{scale} ({str(exc)[:160]})") from None
     model.to(device).eval()
-    return Loaded(model, int(config["scale"]), channels, str(config["model"]), where, int(state.get("step", 0)))
+    return Loaded(model, scale, channels, name, where, int(state.get("step", 0)))
 
 
 def pick_device(name: str) -> torch.device:
