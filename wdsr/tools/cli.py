@@ -226,7 +226,12 @@ def _train_parser(sub: Any) -> None:
         f"BasicVSR-like model) for clip datasets, with --clip-frames (default {_default('model').value})",
     )
     t.add_argument("--scale", type=int, help=f"upscaling factor; the data must hold this LR (default {_default('scale')})")
-    t.add_argument("--patch-size", type=int, help=f"HR patch side, a multiple of --scale (default {_default('patch_size')})")
+    t.add_argument(
+        "--patch-size",
+        type=int,
+        help=f"HR patch side, a multiple of --scale (default {_default('patch_size')}; with --degrade, the model's "
+        "own gt_size: 256, Real-ESRNet's yml)",
+    )
     t.add_argument(
         "-k", "--patches-per-image", type=int, help=f"patches cut per decoded pair (default {_default('patches_per_image')})"
     )
