@@ -4,6 +4,8 @@
 #     docker build -t wdsr:dev .
 #   CUDA (a CUDA base, and the CUDA build of torch from PyPI: no CPU index):
 #     docker build -t wdsr:cuda --build-arg BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 --build-arg TORCH_INDEX= .
+# Build args: BASE (the base image), TORCH (the torch pin), TORCH_INDEX (torch's wheel index; empty: PyPI's,
+# the CUDA build), EXTRAS (the package's pip extras). docs/kubernetes.md shows the same two lines.
 ARG BASE=python:3.11-slim
 FROM ${BASE}
 ARG TORCH=torch==2.13.0

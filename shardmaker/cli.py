@@ -441,11 +441,13 @@ def _build(args: argparse.Namespace) -> int:
         clips=ClipOptions(args.segment, args.max_span) if args.clips else None,
     )
     res = build(opts)
-    rate = res.samples / res.seconds if res.seconds else 0.0
+    # a clip build counts clips (each written as segment samples of frames), an image build images
+    done, unit = (res.clips, "clips") if args.clips else (res.samples, "images")
+    rate = done / res.seconds if res.seconds else 0.0
     print(
-        f"wrote {res.manifest_url}: {res.samples} samples in {res.shards} shards, "
-        f"{res.bytes / 1e6:.1f} MB ({res.reused_shards} shards kept from an earlier run), "
-        f"{res.seconds:.1f} s, {rate:.2f} images/s"
+        f"wrote {res.manifest_url}: {res.samples} samples{f' ({res.clips} clip(s))' if args.clips else ''} in {res.shards} "
+        f"shards, {res.bytes / 1e6:.1f} MB ({res.reused_shards} shards kept from an earlier run), "
+        f"{res.seconds:.1f} s, {rate:.2f} {unit}/s"
     )
     if res.skipped:
         print(f"skipped {len(res.skipped)} source file(s):")

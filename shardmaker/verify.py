@@ -359,7 +359,7 @@ def _tiles_rows(m: mf.Manifest) -> list[tuple[str, str]]:
             )
         )
     if m.lr_method == "none":
-        rows.append(("LR", "none stored (--hr-only): stream with lr='bicubic'"))
+        rows.append(("LR", "none (HR-only): stream with lr='bicubic' at any integer scale"))
     if m.build.get("dropped_count"):
         rows.append(("dropped", f"{m.build['dropped_count']} under --min-valid {m.build.get('min_valid')} (build.dropped)"))
     return rows
@@ -389,7 +389,7 @@ def info_text(url: str, storage_options: dict[str, Any] | None = None) -> str:
         ("samples", f"{m.samples}"),
         ("shards", f"{len(m.shards)} ({min(per) / 1e6:.1f}-{max(per) / 1e6:.1f} MB each)"),
         ("bytes", f"{m.bytes} ({m.bytes / 1e9:.3f} GB)"),
-        ("scales", ", ".join(f"x{s}" for s in m.scales)),
+        ("scales", ", ".join(f"x{s}" for s in m.scales) or "none (HR-only)"),
         ("codec", m.codec),
         *(
             [("members", f"{m.members.hr} + " + ", ".join(f"x{s}: {n}" for s, n in sorted(m.members.lr.items())))]

@@ -191,13 +191,16 @@ def test_verify_checks_clip_segments_frame_by_frame(capsys, tmp_path, scene):
         save(root / "case1" / f"frame{t}.png", frame(scene, t))
     whole = build_shards(root, tmp_path / "ds", "--clips", "--scale", "2,4", "--segment", "5", "--max-span", "3")
     tiled = build_shards(root, tmp_path / "dt", "--clips", "--scale", "4", "--codec", "qoi", "--tiles", "32")
-    hr_only = build_shards(root, tmp_path / "dh", "--clips", "--hr-only")
+    rc, so, _ = sm(capsys, "build", root, tmp_path / "dh", "--clips", "--hr-only", "--workers", "1")
+    last = so.splitlines()[-1]  # a clip build counts clips, not images
+    assert rc == 0 and "1 samples (1 clip(s)) in 1 shards" in last and last.endswith(" clips/s") and "images" not in so, so
+    hr_only = tmp_path / "dh"
     for ds in (whole, tiled, hr_only):
         assert verify(str(ds), progress=False) == [] and verify(str(ds), deep=True, progress=False) == [], ds
     rc, so, _ = sm(capsys, "info", str(whole))
     assert rc == 0 and "clips      1 clip(s), 8 frames, in 2 segment sample(s) of at most 5 frames (windows of up to 3" in so, so
     rc, so, _ = sm(capsys, "info", str(hr_only))
-    assert rc == 0 and "none stored (--hr-only)" in so, so
+    assert rc == 0 and "scales     none (HR-only)\n" in so and "LR         none (HR-only)" in so, so
     key = fmt.load(str(whole)).shards[0].keys[0]
 
     def flip(name: str, data: bytes) -> tuple[str, bytes]:  # one byte of frame 1's x2 LR

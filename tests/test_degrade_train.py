@@ -75,6 +75,10 @@ def test_degrade_settings(tmp_path):
     cfg = make_config({"data": "/d", "out": "/o", "degrade": "bsrgan", "scale": 2, "patch_size": 96})
     assert cfg.dataset.degrade == wdsr.BSRGANConfig(scale=2, gt_size=96) and cfg.dict["degrade"] == "bsrgan"
     assert make_config({"data": "/d", "out": "/o"}).dict["degrade"] is None
+    # without --patch-size: the model's own patch (Real-ESRNet's yml: 256), a multiple of the scale; else the default
+    assert make_config({"data": "/d", "out": "/o", "degrade": "realesrgan"}).dataset.patch_size == 256
+    assert make_config({"data": "/d", "out": "/o", "degrade": "realesrgan", "scale": 3}).dataset.patch_size == 255
+    assert make_config({"data": "/d", "out": "/o"}).dataset.patch_size == wdsr.DatasetConfig().patch_size
     with pytest.raises(ValueError, match="--degrade: 'realesrnet' is not one of realesrgan, bsrgan"):
         make_config({"data": "/d", "out": "/o", "degrade": "realesrnet"})
     with pytest.raises(ValueError, match="patch_size 48 is too small"):

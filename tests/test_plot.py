@@ -11,7 +11,7 @@ from PIL import Image
 
 from tests.test_upscale import trained_run
 from wdsr.tools.cli import main
-from wdsr.tools.plot import COLS, LINE, PANEL_H, PANEL_W, PANELS, read_metrics, series
+from wdsr.tools.plot import COLS, LINE, PANEL_H, PANEL_W, PANELS, REF, read_metrics, series
 
 
 def _panels(img: Image.Image) -> list[np.ndarray]:
@@ -36,6 +36,14 @@ def test_plot_draws_every_metric_of_a_real_run(photo_shards, tmp_path_factory, t
         assert curve > 300, (name, curve)  # a line across the panel, not only the points
         assert (p < 128).all(axis=2).sum() > 50, name  # titles, axes and labels in black
     assert [s for s, _ in series(read_metrics(str(run)), "loss")] == [3, 6, 9, 12]
+    # --val-data: the val set's bicubic PSNR/SSIM, one record at step 0, drawn as a dashed line on their panels
+    first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 0 and 10 < first["bicubic_psnr_y"] < 60 and 0 < first["bicubic_ssim_y"] <= 1, first
+    m = read_metrics(str(run))
+    assert series(m, "bicubic_psnr_y") == [(0.0, first["bicubic_psnr_y"])] and len(series(m, "bicubic_ssim_y")) == 1
+    for name, p in zip(PANELS, panels, strict=True):
+        dashes = np.all(p == REF, axis=2).sum()
+        assert dashes > 200 if name in ("psnr_y", "ssim_y") else dashes == 0, (name, dashes)
 
 
 def test_plot_reads_and_writes_fsspec_urls_and_says_what_is_missing(photo_shards, tmp_path_factory, capsys):

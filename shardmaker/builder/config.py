@@ -67,6 +67,7 @@ class BuildResult:
     manifest_url: str = ""  # manifest_path as a URL (s3://bucket/...; local paths stay plain)
     ignored: list[str] = dataclasses.field(default_factory=list)  # source files that are not images (notes.txt)
     dropped: list[Skipped] = dataclasses.field(default_factory=list)  # samples under --min-valid (not errors)
+    clips: int = 0  # a clip build (--clips): the source clips this build (or part) wrote; 0 otherwise
 
 
 def shard_name(index: int, part: tuple[int, int] | None) -> str:

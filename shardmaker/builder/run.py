@@ -303,7 +303,9 @@ def build(opts: BuildConfig) -> BuildResult:
         raise BuildError(f"{opts.out}: is a file, not a folder for shards")
     lock = ".shardmaker.lock" if opts.part is None else f".shardmaker-part-{opts.part[0]:04d}.lock"
     with outdir.locked(out.fs, out.root, opts.out, lock):
-        return dataclasses.replace(_build_locked(opts, out, pairs, skipped_scan, t0), ignored=ignored)
+        res = _build_locked(opts, out, pairs, skipped_scan, t0)
+    clips = {p.clip.clip for p in order_samples(pairs, opts.seed, opts.part) if p.clip is not None}
+    return dataclasses.replace(res, ignored=ignored, clips=len(clips))
 
 
 def _build_locked(opts: BuildConfig, out: Output, pairs: list[Pair], skipped_scan: list[Skipped], t0: float) -> BuildResult:
@@ -336,7 +338,8 @@ def _build_locked(opts: BuildConfig, out: Output, pairs: list[Pair], skipped_sca
     out.fs.makedirs(out.root, exist_ok=True)
     todo = todo_all[start:]
     reused = len(shards)
-    bar = tqdm(total=len(todo_all), initial=start, unit="img", desc="build", disable=not opts.progress, dynamic_ncols=True)
+    unit = "segment" if opts.clips else "img"
+    bar = tqdm(total=len(todo_all), initial=start, unit=unit, desc="build", disable=not opts.progress, dynamic_ncols=True)
     writer: ShardWriter | None = None
     encoded: Generator[EncodedSample | Skipped, None, None] | None = None
     written = 0

@@ -258,6 +258,48 @@ def alias_functional_tensor() -> None:
             return  # no torchvision at all: basicsr's own import says so
 
 
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+PIP_NAMES = {"cv2": "opencv-python-headless", "skimage": "scikit-image", "yaml": "pyyaml", "PIL": "pillow"}
+
+
+def torchvision_pin(torch_version: str) -> str:
+    """The torchvision release built for ``torch_version``: torch 2.m.p pairs with torchvision 0.(m+15).p
+    (2.13.0 -> 0.28.0); ``torchvision`` alone for a version outside that rule."""
+    parts = torch_version.split("+")[0].split(".")
+    if len(parts) >= 3 and parts[0] == "2" and parts[1].isdigit() and parts[2].isdigit():
+        return f"torchvision==0.{int(parts[1]) + 15}.{parts[2]}"
+    return "torchvision"
+
+
+def missing_imports() -> str | None:
+    """What ``import basicsr`` lacks (torchvision, matched to this torch; scipy, requests; basicsr itself)
+    as one line that says what to install, or None when it imports."""
+    import importlib
+
+    try:
+        importlib.import_module("torchvision")
+    except ImportError as exc:
+        why = "is not installed" if exc.name == "torchvision" else f"cannot be imported ({str(exc)[:120]})"
+        pin = torchvision_pin(torch.__version__)
+        return (
+            f"BasicSR needs torchvision, which {why}: pip install {pin} (the release for torch {torch.__version__}; "
+            f"a CPU-only torch: add --index-url {CPU_INDEX}); see docs/integrations.md"
+        )
+    alias_functional_tensor()
+    try:
+        importlib.import_module("basicsr")
+    except ImportError as exc:
+        name = (exc.name or "").split(".")[0]
+        if name in ("", "basicsr"):
+            detail = "" if exc.name == "basicsr" else f" ({str(exc)[:120]})"
+            return (
+                f"this integration needs basicsr, which is not installed{detail}: pip install --no-deps "
+                "--no-build-isolation basicsr==1.4.2 (after torch and torchvision); see docs/integrations.md"
+            )
+        return f"basicsr needs {name}, which is not installed: pip install {PIP_NAMES.get(name, name)}; see docs/integrations.md"
+    return None
+
+
 def install(session: Session) -> None:
     """Put the session's wrappers into BasicSR (for this process) and register ``WdsrDataset``."""
     alias_functional_tensor()
@@ -308,7 +350,12 @@ def _yaml_seed(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m wdsr.integrations.basicsr -opt train.yml [BasicSR's flags]``: BasicSR's
-    ``train_pipeline`` with experiments under the current folder, as BasicSR's own ``train.py``."""
+    ``train_pipeline`` with experiments under the current folder, as BasicSR's own ``train.py``. Without
+    basicsr or what it imports: one line saying what to install, exit 2."""
+    missing = missing_imports()
+    if missing is not None:
+        print(f"python -m wdsr.integrations.basicsr: error: {missing}", file=sys.stderr)
+        return 2
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         session = Session(_yaml_seed(argv))

@@ -205,7 +205,8 @@ def _train_parser(sub: Any) -> None:
         "Rank 0 prints a line and appends a JSON line to OUT/metrics.jsonl every --log-every steps:\n"
         "step, epoch, loss, lr, patches_per_s (all ranks) and data_wait (share of step time spent\n"
         "waiting for the next batch: near 0 means the loader keeps up). Validation lines carry\n"
-        "psnr_y/ssim_y. Checkpoints go to OUT/checkpoints/, OUT/latest.json names the newest.\n"
+        "psnr_y/ssim_y (and a step-0 line the val set's bicubic_psnr_y/bicubic_ssim_y, the baseline).\n"
+        "Checkpoints go to OUT/checkpoints/, OUT/latest.json names the newest.\n"
         "SIGTERM (Kubernetes preemption): every rank stops after the next step, a checkpoint is written\n"
         "(by a rank that was not told to stop) and exits 0; a second SIGTERM exits at once. --resume continues\n"
         "from OUT/latest.json (or starts fresh if there is none) at the exact batch of the checkpoint; another\n"
@@ -226,7 +227,12 @@ def _train_parser(sub: Any) -> None:
         f"BasicVSR-like model) for clip datasets, with --clip-frames (default {_default('model').value})",
     )
     t.add_argument("--scale", type=int, help=f"upscaling factor; the data must hold this LR (default {_default('scale')})")
-    t.add_argument("--patch-size", type=int, help=f"HR patch side, a multiple of --scale (default {_default('patch_size')})")
+    t.add_argument(
+        "--patch-size",
+        type=int,
+        help=f"HR patch side, a multiple of --scale (default {_default('patch_size')}; with --degrade, the model's "
+        "own gt_size: 256, Real-ESRNet's yml)",
+    )
     t.add_argument(
         "-k", "--patches-per-image", type=int, help=f"patches cut per decoded pair (default {_default('patches_per_image')})"
     )

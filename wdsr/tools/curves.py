@@ -24,6 +24,7 @@ from wdsr.jsonl import MAX_LINE, lines
 
 log = logging.getLogger("wdsr")
 PANELS = ("loss", "lr", "psnr_y", "ssim_y", "patches_per_s", "data_wait")
+REFERENCES = {"psnr_y": "bicubic_psnr_y", "ssim_y": "bicubic_ssim_y"}  # a panel's baseline (wdsr train, step 0)
 BUCKETS = 2000  # per series: at most 2 x BUCKETS points are drawn
 MAX_STEP = 1 << 53  # steps are exact as floats up to here
 Point = tuple[int, float]
@@ -172,9 +173,11 @@ def _open(url: str) -> BinaryIO:
 
 
 def read_metrics(run: str, panels: tuple[str, ...] = PANELS) -> Metrics:
-    """The curves of ``RUN/metrics.jsonl`` (or of a ``.jsonl`` file named directly), in bounded memory."""
+    """The curves of ``RUN/metrics.jsonl`` (or of a ``.jsonl`` file named directly), in bounded memory: the
+    panels' and their baselines' (``REFERENCES``: the val set's bicubic PSNR-Y/SSIM-Y)."""
     url = run if run.endswith(".jsonl") else posixpath.join(run.rstrip("/"), "metrics.jsonl")
-    m = Metrics(url, {name: Curve() for name in panels})
+    kept = (*panels, *(REFERENCES[p] for p in panels if p in REFERENCES))
+    m = Metrics(url, {name: Curve() for name in kept})
     last = -1
     with _open(url) as f:
         for raw in lines(f):
@@ -217,3 +220,10 @@ def _report(m: Metrics) -> None:
 def series(m: Metrics, name: str) -> list[tuple[float, float]]:
     """``name``'s finite (step, value) points kept, in step order."""
     return [(float(s), v) for s, v in m.curves[name].points()]
+
+
+def reference(m: Metrics, panel: str) -> float | None:
+    """``panel``'s baseline (the last ``REFERENCES`` value read), or None where the run logged none."""
+    name = REFERENCES.get(panel)
+    points = m.curves[name].points() if name in m.curves else []
+    return points[-1][1] if points else None

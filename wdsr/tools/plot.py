@@ -1,7 +1,8 @@
 """``wdsr plot``: a run's curves from ``metrics.jsonl`` as one PNG, drawn with Pillow (no plotting library).
 
 One panel per metric over steps: loss, lr, patches_per_s, data_wait (log lines) and psnr_y,
-ssim_y (validation lines); a panel without values says so. The file is read by :mod:`wdsr.tools.curves`
+ssim_y (validation lines), with the val set's bicubic PSNR/SSIM (logged once at step 0) as a dashed
+line labelled "bicubic"; a panel without values says so. The file is read by :mod:`wdsr.tools.curves`
 (streamed, decimated, bad lines skipped); non-finite values are red ticks on the panel's top edge.
 """
 
@@ -15,14 +16,15 @@ from typing import Any
 from PIL import Image, ImageDraw, ImageFont
 
 from shardmaker import storage
-from wdsr.tools.curves import PANELS, Curve, Metrics, read_metrics, series
+from wdsr.tools.curves import PANELS, Curve, Metrics, read_metrics, reference, series
 
-__all__ = ["COLS", "LINE", "PANELS", "PANEL_H", "PANEL_W", "draw", "plot_run", "read_metrics", "series"]
+__all__ = ["COLS", "LINE", "PANELS", "REF", "PANEL_H", "PANEL_W", "draw", "plot_run", "read_metrics", "series"]
 PANEL_W, PANEL_H = 480, 260  # one panel's size
 _PAD = 62  # its inner margin (room for the y labels)
 COLS = 2
 LINE = (31, 119, 180)
 BAD = (214, 39, 40)  # the marks of non-finite values
+REF = (255, 127, 14)  # the dashed baseline (bicubic)
 
 
 def _fmt(v: float) -> str:
@@ -45,7 +47,15 @@ def _y_range(ys: list[float]) -> tuple[float, float]:
     return lo, hi
 
 
-def _panel(name: str, curve: Curve, font: Any) -> Image.Image:
+def _dashed(d: ImageDraw.ImageDraw, x0: float, x1: float, y: float, dash: int = 8) -> None:
+    """A horizontal dashed line at ``y`` from ``x0`` to ``x1``."""
+    x = x0
+    while x < x1:
+        d.line((x, y, min(x + dash, x1), y), fill=REF, width=2)
+        x += 2 * dash
+
+
+def _panel(name: str, curve: Curve, font: Any, ref: float | None = None) -> Image.Image:
     img = Image.new("RGB", (PANEL_W, PANEL_H), "white")
     d = ImageDraw.Draw(img)
     points, bad = curve.points(), curve.bad_steps()
@@ -68,8 +78,15 @@ def _panel(name: str, curve: Curve, font: Any) -> Image.Image:
     if not points:
         d.text((x0 + 10, (y0 + y1) // 2), "no finite values in this run", fill=(120, 120, 120), font=font)
         return img
-    lo_y, hi_y = _y_range([p[1] for p in points])
-    pts = [(px(x), y1 - 4 - _scale(y, lo_y, hi_y) * (y1 - y0 - 8)) for x, y in points]
+    lo_y, hi_y = _y_range([p[1] for p in points] + ([] if ref is None else [ref]))
+
+    def py(y: float) -> float:
+        return y1 - 4 - _scale(y, lo_y, hi_y) * (y1 - y0 - 8)
+
+    if ref is not None:  # the baseline the model must beat, under the curve
+        _dashed(d, x0 + 4, x1 - 4, py(ref))
+        d.text((x0 + 8, py(ref) - 12), f"bicubic {_fmt(ref)}", fill=REF, font=font)
+    pts = [(px(x), py(y)) for x, y in points]
     if len(pts) > 1:
         d.line(pts, fill=LINE, width=2)
     for cx, cy in pts if len(pts) <= 50 else pts[-1:]:
@@ -87,7 +104,8 @@ def draw(metrics: Metrics, panels: tuple[str, ...] = PANELS) -> Image.Image:
     rows = -(-len(panels) // COLS)
     sheet = Image.new("RGB", (COLS * PANEL_W, rows * PANEL_H), "white")
     for i, name in enumerate(panels):
-        sheet.paste(_panel(name, metrics.curves[name], font), ((i % COLS) * PANEL_W, (i // COLS) * PANEL_H))
+        panel = _panel(name, metrics.curves[name], font, reference(metrics, name))
+        sheet.paste(panel, ((i % COLS) * PANEL_W, (i // COLS) * PANEL_H))
     return sheet
 
 

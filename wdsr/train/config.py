@@ -25,7 +25,7 @@ import numpy as np
 from shardmaker import deprecation, storage
 from shardmaker.commandline import parse_size
 from shardmaker.errors import brief
-from wdsr.bounds import Bound, bounded, bounds, check_multiple, check_number
+from wdsr.bounds import Bound, bounded, bounds, check_multiple, check_number, default_of
 from wdsr.config import LIMITS, MAX_PATH_CHARS, DatasetConfig
 from wdsr.degrade import draw_arrays, registry
 from wdsr.pipeline.clips import ClipConfig
@@ -288,6 +288,16 @@ def degrade_config(name: Any, scale: int, patch_size: int, where: str, fixed_sca
     return cfg
 
 
+def degrade_patch(name: Any, scale: int) -> int | None:
+    """``--degrade NAME`` without ``--patch-size``: the model's own HR patch side (its config's ``gt_size``,
+    Real-ESRNet's yml: 256), rounded down to a multiple of ``scale``; None for an unknown name
+    (``degrade_config`` says what is known)."""
+    if not isinstance(name, str) or name not in registry.DEGRADATIONS:
+        return None
+    gt = default_of(registry.DEGRADATIONS[name].config, "gt_size")
+    return max(scale, gt // scale * scale) if isinstance(scale, int) and scale > 0 else gt
+
+
 def dataset_config(settings: dict[str, Any], where: str) -> DatasetConfig:
     """The train set's options from flat settings (already split from the train ones)."""
     opts: dict[str, Any] = {"clip": clip_config({k: v for k, v in settings.items() if k in CLIP_KEYS}, where)}
@@ -315,6 +325,10 @@ def dataset_config(settings: dict[str, Any], where: str) -> DatasetConfig:
         elif str(types[name]).replace(" | None", "") in _TYPES:
             value = _coerce(name, types[name], value)
         opts[name] = value  # the enums: DatasetConfig checks their names
+    patch = degrade_patch(degrade, opts.get("scale", DatasetConfig().scale)) if "patch_size" not in opts else None
+    if patch is not None:
+        log.info("--degrade %s: --patch-size %d (the model's own; give --patch-size to change it)", degrade, patch)
+        opts["patch_size"] = patch
     _check_flags(opts)
     defaults = DatasetConfig()
     scale, patch = opts.get("scale", defaults.scale), opts.get("patch_size", defaults.patch_size)

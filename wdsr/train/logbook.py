@@ -197,6 +197,16 @@ def log_window(
     win.t, win.wait, win.steps, win.loss = now, 0.0, 0, torch.zeros_like(win.loss)
 
 
+def log_bicubic(ctx: Ctx, metrics: Recorder | None, bar: Any, sums: list[float]) -> None:
+    """The val set's bicubic PSNR-Y/SSIM-Y (``validate.bicubic_baseline``), one record at step 0."""
+    psnr, ssim, n = ctx.all_sum(sums)
+    if n == 0:
+        return
+    record = {"step": 0, "bicubic_psnr_y": psnr / n, "bicubic_ssim_y": ssim / n, "val_images": int(n)}
+    text = f"val bicubic (the baseline): PSNR-Y {psnr / n:.3f} dB, SSIM-Y {ssim / n:.4f} ({int(n)} images)"
+    emit(metrics, bar, record, text)
+
+
 def log_val(cfg: TrainConfig, ctx: Ctx, metrics: Recorder | None, bar: Any, sums: list[float], step: int, epoch: int) -> None:
     psnr, ssim, n = ctx.all_sum(sums)
     if n == 0:

@@ -35,9 +35,19 @@ from wdsr.store import urls
 from wdsr.train.checkpoint import FORMAT, Diverged, RunDir, RunError
 from wdsr.train.config import Amp, ConfigError, Schedule, TrainConfig
 from wdsr.train.context import Ctx, pin_threads, setup
-from wdsr.train.logbook import MetricsLog, Recorder, Standby, Window, diverged_message, log_val, log_window, progress_bar
+from wdsr.train.logbook import (
+    MetricsLog,
+    Recorder,
+    Standby,
+    Window,
+    diverged_message,
+    log_bicubic,
+    log_val,
+    log_window,
+    progress_bar,
+)
 from wdsr.train.models import Residual, build_model, residual_of
-from wdsr.train.validate import validate
+from wdsr.train.validate import bicubic_baseline, validate
 from wdsr.train.vote import Verdict, Vote
 
 log = logging.getLogger("wdsr")
@@ -393,6 +403,8 @@ def _loop(
     degrade = cfg.dataset.degrade
     degrader = Degrader(degrade).to(ctx.device) if degrade is not None else None
     bar = progress_bar(ctx, total, step)
+    if val_ds is not None and state is None:  # the baseline, once: wdsr plot's reference line
+        log_bicubic(ctx, metrics, bar, bicubic_baseline(val_ds, cfg, ctx, channels))
     win = Window(time.perf_counter(), 0.0, 0, torch.zeros((), device=ctx.device))
     last_ckpt = step if state is not None else -1
     vote = Vote(ctx, cfg.ckpt_minutes)

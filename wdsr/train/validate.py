@@ -1,4 +1,5 @@
-"""Validation for ``wdsr train``: each rank its disjoint part of the val split, PSNR-Y / SSIM-Y sums.
+"""Validation for ``wdsr train``: each rank its disjoint part of the val split, PSNR-Y / SSIM-Y sums
+(of the model, and once of bicubic upsampling: the baseline the model must beat).
 
 The model's output is clamped and quantised to the data's integer type, as SR papers report;
 ``crop_border`` is the scale. Large images are run as overlapping tiles (``--val-tile``), a
@@ -16,6 +17,7 @@ from wdsr.dataset import SRDataset
 from wdsr.loader import make_loader, to_float
 from wdsr.metrics import psnr_y, ssim_y
 from wdsr.pipeline.tiles import stitch
+from wdsr.train.upsample import MatlabBicubic
 
 _TILES_AT_ONCE = 16
 
@@ -60,3 +62,9 @@ def validate(model: nn.Module, val: SRDataset, cfg: Any, ctx: Any) -> list[float
     finally:
         model.train(was_training)
     return [psnr, ssim, float(n)]
+
+
+def bicubic_baseline(val: SRDataset, cfg: Any, ctx: Any, channels: int) -> list[float]:
+    """``validate``'s sums for MATLAB's bicubic upsampling of the val LR (the papers' baseline): the
+    reference line of ``wdsr plot``'s PSNR/SSIM panels, computed once at step 0."""
+    return validate(MatlabBicubic(val.config.scale, channels).to(ctx.device), val, cfg, ctx)
