@@ -25,6 +25,7 @@ def _entry(tmp_path: Path, files: dict[str, str]) -> subprocess.CompletedProcess
     for name, text in files.items():
         (tmp_path / "first" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "first" / name).write_text(text)
+    (tmp_path / "train.yml").write_text("name: t\nmanual_seed: 1\n")  # a good file: checked before the imports
     env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'first'}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "wdsr.integrations.basicsr", "-opt", "train.yml"]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # reaped: run() waits

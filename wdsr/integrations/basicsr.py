@@ -351,17 +351,19 @@ def _yaml_seed(argv: Sequence[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m wdsr.integrations.basicsr -opt train.yml [BasicSR's flags]``: BasicSR's
     ``train_pipeline`` with experiments under the current folder, as BasicSR's own ``train.py``. Without
-    basicsr or what it imports: one line saying what to install, exit 2."""
-    missing = missing_imports()
-    if missing is not None:
-        print(f"python -m wdsr.integrations.basicsr: error: {missing}", file=sys.stderr)
-        return 2
+    basicsr or what it imports: one line saying what to install, exit 2 (after the ``-opt`` file is
+    checked, which needs neither)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        session = Session(_yaml_seed(argv))
+        seed = _yaml_seed(argv)
     except ValueError as exc:
         print(f"wdsr.integrations.basicsr: error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
+    missing = missing_imports()
+    if missing is not None:
+        print(f"python -m wdsr.integrations.basicsr: error: {missing}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    session = Session(seed)
     install(session)
     from basicsr.train import train_pipeline
 
