@@ -25,6 +25,7 @@ pl = pytest.importorskip("lightning.pytorch")
 
 from tests.helpers import ROOT  # noqa: E402
 from tests.s3server import free_port  # noqa: E402
+import wdsr  # noqa: E402
 from wdsr.integrations.lightning import WdsrDataModule, WdsrStats  # noqa: E402
 
 OPTIONS = {"scale": 4, "patch_size": 32, "patches_per_image": 4, "batch_size": 5, "shuffle_buffer": 16}
@@ -115,6 +116,15 @@ def test_lightning_resume_mid_epoch(photo_shards: Path, tmp_path: Path) -> None:
     rows = list(csv.DictReader(open(tmp_path / "logs" / "metrics.csv")))
     logged = [(float(r["data/wait"]), float(r["data/patches_per_s"])) for r in rows if r.get("data/wait")]
     assert logged and set(logged) == {(0.5, OPTIONS["batch_size"] / 2)}
+
+
+@pytest.mark.parametrize("bad", [[], None, "x", {"loader": None}, {"loader": []}, {"loader": {}, "extra": 1}])
+def test_a_state_that_is_not_the_modules_is_a_loader_state_error(photo_shards: Path, bad: object) -> None:
+    """``load_state_dict([])`` was an AttributeError and ``{"loader": None}`` silently restarted the epoch."""
+    dm = WdsrDataModule(str(photo_shards), num_workers=0, **OPTIONS)
+    with pytest.raises(wdsr.LoaderStateError, match="WdsrDataModule state"):
+        dm.load_state_dict(bad)  # type: ignore[arg-type]
+    dm.load_state_dict({})  # a state taken before the loader was built: nothing to restore
 
 
 @pytest.mark.slow

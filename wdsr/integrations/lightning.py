@@ -21,9 +21,10 @@ import lightning.pytorch as pl
 import torch
 
 import wdsr
+from shardmaker.errors import brief
 from wdsr import env
 from wdsr.config import DatasetConfig
-from wdsr.loader import SRLoader
+from wdsr.loader import LoaderStateError, SRLoader
 
 __all__ = ["WdsrDataModule", "WdsrStats"]
 
@@ -79,6 +80,15 @@ class WdsrDataModule(pl.LightningDataModule):
         return {"loader": self.loader.state_dict()} if self.loader is not None else {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue where :meth:`state_dict` was taken: ``{"loader": <the loader's state>}``, or ``{}``
+        (saved before the loader was built: the run starts at its first batch). Anything else is a
+        :class:`wdsr.loader.LoaderStateError` here, not an error in Lightning or a silent restart."""
+        if not isinstance(state_dict, dict) or set(state_dict) - {"loader"}:
+            raise LoaderStateError(f"WdsrDataModule state: expected {{'loader': ...}} from state_dict(), got {brief(state_dict)}")
+        if "loader" in state_dict and not isinstance(state_dict["loader"], dict):
+            raise LoaderStateError(
+                f"WdsrDataModule state: 'loader' must be a loader's state_dict() (a dict), got {brief(state_dict['loader'])}"
+            )
         self._saved = state_dict.get("loader")
         if self._saved is not None and self.loader is not None:  # already built: its next pass continues there
             self.loader.load_state_dict(self._saved)
