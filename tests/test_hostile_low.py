@@ -6,7 +6,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tests.helpers import S3_BUCKET
+import numpy as np
+import pytest
+
+from shardmaker.builder import video
+from shardmaker.builder.clips import scan_clips
+from shardmaker.errors import InputError
+from tests.helpers import S3_BUCKET, sm
 from tests.s3server import s3fs_for
 from wdsr.tools.cli import main
 
@@ -48,3 +54,63 @@ def test_check_refuses_missing_and_truncated_shards_on_s3(s3, s3_photo_shards, t
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "2 of 4 shards missing or truncated" in err, err
     assert "is missing" in err and "has 1024 bytes" in err, err
+
+
+# ---- videos: --max-pixels from the stream's declared size, frames of another size, alpha ------------
+def _video(path: Path, sizes: list[tuple[int, int]], codec: str = "mjpeg", pix: str = "yuvj420p") -> Path:
+    """A tiny video written by PyAV; a frame whose size differs from the first is encoded by a codec
+    context of its own and muxed into the stream (which declares the first frame's size)."""
+    av = pytest.importorskip("av")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w") as c:
+        st = c.add_stream(codec, rate=30)
+        st.width, st.height = sizes[0]
+        st.pix_fmt = pix
+        for i, (w, h) in enumerate(sizes):
+            rgba = "a" in pix.replace("yuvj", "")
+            f = av.VideoFrame.from_ndarray(
+                np.full((h, w, 4 if rgba else 3), 90 + i, np.uint8), format="rgba" if rgba else "rgb24"
+            )
+            if (w, h) == sizes[0]:
+                packets = list(st.encode(f))
+            else:
+                cc = av.CodecContext.create(codec, "w")
+                cc.width, cc.height, cc.pix_fmt, cc.time_base = w, h, pix, st.codec_context.time_base
+                f.pts = i
+                packets = [*cc.encode(f), *cc.encode()]
+                for p in packets:
+                    p.stream, p.pts, p.dts = st, i, i
+            for p in packets:
+                c.mux(p)
+        for p in st.encode():
+            c.mux(p)
+    return path
+
+
+def test_video_streams_over_max_pixels_are_refused_at_scan_time(tmp_path, capsys):
+    root = tmp_path / "vids"
+    _video(root / "big.mkv", [(64, 48)] * 2)
+    with pytest.raises(InputError, match=r"big\.mkv.*64x48 = 3072 pixels is over the limit of 3000"):
+        scan_clips(str(root), max_pixels=3000)  # a scan decodes nothing: refused from the container's size
+    assert len(scan_clips(str(root), max_pixels=3072)[0]) == 1
+    rc, _, err = sm(capsys, "build", root, tmp_path / "out", "--clips", "--workers", "1", "--max-pixels", "3000")
+    assert rc == 2 and "big.mkv" in err and "raise --max-pixels" in err, err
+
+
+def test_a_frame_larger_than_the_stream_declares_is_refused_before_conversion(tmp_path):
+    path = _video(tmp_path / "grow.mkv", [(32, 32), (32, 32), (64, 64)])
+    (w, h), pts = video.video_info(str(path))
+    assert (w, h) == (32, 32) and len(pts) == 3
+    with pytest.raises(InputError, match=r"frame 2 is 64x64, the stream declares 32x32"):
+        list(video.video_frames(str(path), 0, 3, pts=tuple(pts)))
+
+
+def test_videos_with_alpha_need_drop_alpha(tmp_path, capsys):
+    root = tmp_path / "vids"
+    _video(root / "alpha.mkv", [(32, 32)] * 2, codec="ffv1", pix="yuva420p")
+    with pytest.raises(InputError, match=r"alpha\.mkv.*yuva420p has an alpha channel; pass --drop-alpha"):
+        scan_clips(str(root))
+    rc, _, err = sm(capsys, "build", root, tmp_path / "a", "--clips", "--workers", "1", "--scale", "2")
+    assert rc == 2 and "--drop-alpha" in err, err
+    rc, _, err = sm(capsys, "build", root, tmp_path / "b", "--clips", "--workers", "1", "--scale", "2", "--drop-alpha")
+    assert rc == 0, err

@@ -270,7 +270,8 @@ def _scan(opts: BuildConfig) -> tuple[list[Pair], list[Skipped], list[str]]:
     if opts.clips is not None:
         if len(_hr_sources(opts)) != 1 or opts.lr_pattern is not None:
             raise BuildError("--clips takes one folder of clips (and --lr folders of LR clips; no --lr-pattern)")
-        return scan_clips(_hr_sources(opts)[0], opts.lr_srcs, opts.clips, cfg.mod_crop, opts.on_error, cfg.storage_options)
+        hr, lr = _hr_sources(opts)[0], opts.lr_srcs
+        return scan_clips(hr, lr, opts.clips, cfg.mod_crop, opts.on_error, cfg.storage_options, cfg.max_pixels, cfg.drop_alpha)
     pairs, skipped, ignored = scan_sources(
         _hr_sources(opts), opts.lr_srcs, cfg.mod_crop, opts.on_error, cfg.storage_options, opts.lr_pattern
     )
