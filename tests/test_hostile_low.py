@@ -4,6 +4,7 @@ with alpha, a sparse huge TIFF, checkpoints whose fields or weights are bad, a f
 from __future__ import annotations
 
 import shutil
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -114,3 +115,42 @@ def test_videos_with_alpha_need_drop_alpha(tmp_path, capsys):
     assert rc == 2 and "--drop-alpha" in err, err
     rc, _, err = sm(capsys, "build", root, tmp_path / "b", "--clips", "--workers", "1", "--scale", "2", "--drop-alpha")
     assert rc == 0, err
+
+
+# ---- a sparse TIFF of 2^20 x 2^20 pixels: over --max-pixels, refused before any region is planned ----
+def _sparse_tiff(path: Path, side: int, tile: int) -> Path:
+    """A classic little-endian tiled RGB TIFF whose every tile is sparse (offset and byte count 0):
+    (side / tile)^2 tiles, 8 bytes each in the file, no pixel data at all."""
+    n = (side // tile) ** 2
+    tags = [(256, 4, 1, side), (257, 4, 1, side), (258, 3, 3, None), (259, 3, 1, 1), (262, 3, 1, 2)]
+    tags += [(277, 3, 1, 3), (284, 3, 1, 1), (322, 4, 1, tile), (323, 4, 1, tile), (324, 4, n, None), (325, 4, n, None)]
+    ifd = 8
+    extra = ifd + 2 + 12 * len(tags) + 4  # out-of-line values follow the IFD
+    bits, offsets, counts = extra, extra + 6, extra + 6 + 4 * n
+    body = bytearray(b"II*\x00" + struct.pack("<I", ifd) + struct.pack("<H", len(tags)))
+    for code, typ, count, value in tags:
+        where = {258: bits, 324: offsets, 325: counts}.get(code)
+        packed = (
+            struct.pack("<I", where)
+            if where is not None
+            else struct.pack("<H", value) + b"\0\0"
+            if typ == 3
+            else struct.pack("<I", value)
+        )
+        body += struct.pack("<HHI", code, typ, count) + packed
+    body += struct.pack("<I", 0) + struct.pack("<3H", 8, 8, 8) + bytes(8 * n)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(body))
+    return path
+
+
+def test_a_sparse_huge_tiff_is_refused_with_its_region_count(tmp_path, photo_src, capsys):
+    src = tmp_path / "src"
+    tif = _sparse_tiff(src / "slide.tif", 1 << 20, 8192)
+    assert tif.stat().st_size < 140_000
+    rc, _, err = sm(capsys, "build", src, tmp_path / "a", "--workers", "1", "--scale", "2")
+    assert rc == 2 and "slide.tif" in err and "1048576x1048576" in err and "16384 regions of up to 8192x8192" in err, err
+    assert "raise --max-pixels" in err and len(err.strip().splitlines()) == 1, err
+    shutil.copy(photo_src / "p00.png", src / "p00.png")  # with a good image beside it, --on-error skip leaves it out
+    rc, out, err = sm(capsys, "build", src, tmp_path / "b", "--workers", "1", "--scale", "2", "--on-error", "skip")
+    assert rc == 0 and "skipped 1 source file(s)" in out, out + err

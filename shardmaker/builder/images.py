@@ -146,8 +146,8 @@ class SourceImage:
         return self._pixels
 
     def read(self, y: int, x: int, h: int, w: int) -> np.ndarray:
-        """The ``h x w`` pixels at ``(y, x)`` (a region sample's: only ``--region`` bounds it, not
-        ``max_pixels``, for a TIFF read by region)."""
+        """The ``h x w`` pixels at ``(y, x)`` (a region sample's: ``--region`` bounds it; the whole
+        image was checked against ``max_pixels`` when its regions were planned)."""
         if self._pixels is None:
             assert self._tif is not None
             try:
