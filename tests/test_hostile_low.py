@@ -9,13 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from shardmaker.builder import video
 from shardmaker.builder.clips import scan_clips
 from shardmaker.errors import InputError
-from tests.helpers import S3_BUCKET, sm
+from tests.helpers import S3_BUCKET, save, sm
 from tests.s3server import s3fs_for
 from wdsr.tools.cli import main
+from wdsr.train.checkpoint import FORMAT
+from wdsr.train.models import build_model
 
 SMALL = ["--model", "espcn", "--patch-size", "48", "-k", "4", "--batch-size", "4", "--shuffle-buffer", "16", "--val-every", "0"]
 
@@ -154,3 +157,34 @@ def test_a_sparse_huge_tiff_is_refused_with_its_region_count(tmp_path, photo_src
     shutil.copy(photo_src / "p00.png", src / "p00.png")  # with a good image beside it, --on-error skip leaves it out
     rc, out, err = sm(capsys, "build", src, tmp_path / "b", "--workers", "1", "--scale", "2", "--on-error", "skip")
     assert rc == 0 and "skipped 1 source file(s)" in out, out + err
+
+
+# ---- wdsr upscale: a checkpoint's step and weights, the model's output ------------------------------
+def _checkpoint(path: Path, step: object = 3, weights: float | None = None) -> Path:
+    """An ESPCN x2 checkpoint as wdsr train writes its fields (no training: the weights are its init,
+    or all ``weights``)."""
+    torch.manual_seed(0)
+    sd = build_model("espcn", 2, 3).state_dict()
+    if weights is not None:
+        sd = {k: torch.full_like(v, weights) if v.is_floating_point() else v for k, v in sd.items()}
+    torch.save({"format": FORMAT, "model": sd, "config": {"model": "espcn", "scale": 2}, "step": step}, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "step, weights, says",
+    [
+        ("x", None, "'step' must be an integer in [0, 999999999999999999], got 'x'"),
+        (True, None, "'step' must be an integer"),
+        (3, float("nan"), "the weights hold inf or NaN"),
+        (3, 3e38, "the model's output holds inf or NaN"),  # finite weights whose output overflows
+    ],
+)
+def test_upscale_refuses_bad_steps_and_non_finite_weights_or_output(tmp_path, capsys, step, weights, says):
+    ckpt = _checkpoint(tmp_path / "c.pt", step, weights)
+    img = tmp_path / "img.png"
+    save(img, np.random.default_rng(0).integers(0, 255, (20, 24, 3), dtype=np.uint8))
+    rc = main(["upscale", str(ckpt), str(img), "-o", str(tmp_path / "out"), "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and str(ckpt) in err and says in err, err
+    assert not list((tmp_path / "out").glob("*.png")), "an image was written"
