@@ -3,18 +3,25 @@ with alpha, a sparse huge TIFF, checkpoints whose fields or weights are bad, a f
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 import struct
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
+import fsspec
 import numpy as np
 import pytest
 import torch
 
+from shardmaker import storage
 from shardmaker.builder import video
 from shardmaker.builder.clips import scan_clips
 from shardmaker.errors import InputError
-from tests.helpers import S3_BUCKET, save, sm
+from tests.helpers import ROOT, S3_BUCKET, save, sm
 from tests.s3server import s3fs_for
 from wdsr.tools.cli import main
 from wdsr.train.checkpoint import FORMAT
@@ -188,3 +195,40 @@ def test_upscale_refuses_bad_steps_and_non_finite_weights_or_output(tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and str(ckpt) in err and says in err, err
     assert not list((tmp_path / "out").glob("*.png")), "an image was written"
+
+
+# ---- a full disk names the file being written --------------------------------------------------------
+def test_a_full_disk_names_the_file_written_atomically(tmp_path):
+    """The kernel's own ENOSPC: the temp name is a link to /dev/full (every write to it: No space left)."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    fs = fsspec.filesystem("file")
+    path = str(tmp_path / "step-00000001.pt")
+    os.symlink("/dev/full", storage.temp_name(fs, path))
+    with pytest.raises(OSError) as got:
+        storage.write_atomic(fs, path, b"x" * 100_000)  # what checkpoints, manifests and plots are written with
+    assert got.value.errno == errno.ENOSPC and path in str(got.value), str(got.value)
+    assert not os.path.lexists(storage.temp_name(fs, path)) and not os.path.exists(path)
+
+
+_FSIZE = """
+import resource, signal, sys
+from pathlib import Path
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as a full quota would
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+from wdsr.tools.upscale import write_output
+try:
+    write_output(Path(sys.argv[1]), b"x" * 100_000)
+except OSError as exc:
+    print(exc)
+"""
+
+
+def test_a_write_past_the_file_size_limit_names_upscales_output(tmp_path):
+    target = tmp_path / "img.png"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_FSIZE), str(target)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert "File too large" in proc.stdout and str(target) in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert not target.exists() and not list(tmp_path.iterdir())

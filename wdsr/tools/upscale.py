@@ -252,7 +252,7 @@ def write_output(target: Path, data: bytes, overwrite: bool = False) -> None:
     tmp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.part"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # a new file, the umask's mode, as a plain write
     try:
-        with os.fdopen(fd, "wb") as f:
+        with storage.naming(str(target)), os.fdopen(fd, "wb") as f:  # a full disk names the output
             f.write(data)
         if overwrite:
             os.replace(tmp, target)
