@@ -17,11 +17,16 @@ import numpy as np
 import pytest
 import torch
 
+from shardmaker import format as fmt
 from shardmaker import storage
 from shardmaker.builder import video
 from shardmaker.builder.clips import scan_clips
+from shardmaker.builder.images import SampleConfig
+from shardmaker.builder.sample import encode_sample
+from shardmaker.builder.sources import Skipped, scan_sources, split_regions
 from shardmaker.errors import InputError
-from tests.helpers import ROOT, S3_BUCKET, save, sm
+from shardmaker.imaging.regions import TiffRegions
+from tests.helpers import ROOT, S3_BUCKET, mosaic, save, sm
 from tests.s3server import s3fs_for
 from wdsr.tools.cli import main
 from wdsr.train.checkpoint import FORMAT
@@ -232,3 +237,34 @@ def test_a_write_past_the_file_size_limit_names_upscales_output(tmp_path):
     )
     assert "File too large" in proc.stdout and str(target) in proc.stdout, proc.stdout + proc.stderr[-2000:]
     assert not target.exists() and not list(tmp_path.iterdir())
+
+
+def _half_sparse_tiff(path: Path) -> Path:
+    """A 1024 x 2048 tiled RGB TIFF of real photos whose right half's tiles are then marked sparse (byte count 0)."""
+    tifffile = pytest.importorskip("tifffile")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tifffile.imwrite(path, mosaic(1024, 2048), tile=(256, 256), photometric="rgb")
+    with tifffile.TiffFile(path, mode="r+b") as t:
+        tag = t.pages[0].tags["TileByteCounts"]
+        counts = list(tag.value)
+        counts = [0 if i % 8 >= 4 else n for i, n in enumerate(counts)]  # 8 tiles a row: columns 4..7
+        tag.overwrite(counts)
+    return path
+
+
+def test_sparse_regions_are_dropped_without_decoding_under_min_valid(tmp_path, capsys):
+    src = tmp_path / "src"
+    tif = _half_sparse_tiff(src / "slide.tif")
+    with TiffRegions(str(tif)) as t:
+        assert t.sparse(0, 1024, 512, 512) and t.sparse(512, 1536, 512, 512) and not t.sparse(0, 768, 512, 512)
+        assert not t.read(0, 1024, 512, 512).any()  # a sparse tile reads as zeros
+    cfg = SampleConfig(scales=(2,), region=512, min_valid=0.05)
+    pairs = split_regions(scan_sources([str(src)])[0], 512, (2,))
+    got = {p.key: encode_sample(p, cfg) for p in pairs}
+    sparse = {k for k, v in got.items() if isinstance(v, Skipped) and v.reason.startswith("region is sparse")}
+    assert sparse == {k for k in got if int(k.split("_x")[1]) >= 1024} and len(sparse) == 4, got
+    args = ["build", src, tmp_path / "ds", "--workers", "1", "--scale", "2", "--region", "512", "--min-valid", "0.05"]
+    rc, _, err = sm(capsys, *args)
+    assert rc == 0, err
+    m = fmt.load(str(tmp_path / "ds"))
+    assert m.samples == 4 and m.build["dropped_count"] == 4, m.build
