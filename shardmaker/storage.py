@@ -6,9 +6,11 @@ publish an object only when its upload completes, so we write the final name dir
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import stat
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 import fsspec
@@ -17,6 +19,7 @@ from fsspec.core import url_to_fs
 from shardmaker.errors import InputError
 
 __all__ = [
+    "naming",
     "discard",
     "is_local",
     "is_object_store",
@@ -90,13 +93,27 @@ def discard(fs: fsspec.AbstractFileSystem, path: str) -> None:
         pass
 
 
+@contextlib.contextmanager
+def naming(target: str) -> Iterator[None]:
+    """An ``OSError`` that says no file (a full disk's bare ``[Errno 28] No space left on device``, a
+    write past a quota) raised while ``target`` is written is raised again naming ``target``, with
+    its errno (and so its exit code) kept."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, f"{exc.strerror or exc} (writing)", target) from exc
+        raise
+
+
 def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see all of it or nothing."""
+    """Write ``data`` to ``path`` so that readers see all of it or nothing; a failed write names ``path``."""
     temp = temp_name(fs, path)
     try:
-        with fs.open(temp, "wb") as f:
-            f.write(data)
-        publish(fs, temp, path)
+        with naming(url_of(fs, path)):
+            with fs.open(temp, "wb") as f:
+                f.write(data)
+            publish(fs, temp, path)
     except BaseException:
         discard(fs, temp)
         raise

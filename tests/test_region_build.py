@@ -239,7 +239,7 @@ def test_a_20480_square_slide_builds_in_bounded_memory(tmp_path):
         resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
         from shardmaker.cli import main
         rc = main(["-q", "build", {str(src)!r}, {str(tmp_path / "ds")!r}, "--workers", "1", "--scale", "4",
-                   "--codec", "qoi", "--tiles", "auto", "--min-valid", "0.3"])
+                   "--codec", "qoi", "--tiles", "auto", "--min-valid", "0.3", "--max-pixels", "500000000"])
         # VmHWM, not ru_maxrss: that keeps the forking parent's peak across exec
         print(rc, next(l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM:")))
         """

@@ -50,7 +50,7 @@ from wdsr.pipeline.sample import LrMode
 from wdsr.pipeline.source import ErrorPolicy, MixSource, Source
 from wdsr.pipeline.stats import SharedStats
 from wdsr.pipeline.val import ValSample, val_pass
-from wdsr.store import urls
+from wdsr.store import presence, urls
 from wdsr.store.decoded import DecodedCache
 
 log = logging.getLogger("wdsr")
@@ -266,6 +266,13 @@ class SRDataset(IterableDataset):
                 f"sample(s) x {c.patches_per_image} patches = {per} < batch_size {c.batch_size}; "
                 "lower batch_size or num_workers, or raise patches_per_image"
             )
+
+    def check_shards(self) -> None:
+        """Every shard this dataset reads is there with the manifest's size (one listing per folder):
+        :class:`~wdsr.store.presence.ShardsMissing` (a ``ValueError``) naming the first that are not."""
+        sources = self._source.sources if isinstance(self._source, MixSource) else [self._source]
+        for s in sources:
+            presence.check_present(s.reader.url, s.reader.manifest, s.reader.storage_options)
 
     # ---- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:

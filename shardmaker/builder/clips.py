@@ -25,7 +25,7 @@ from typing import Any
 from shardmaker import storage
 from shardmaker.builder.clipplan import DEFAULT_MAX_SPAN, DEFAULT_SEGMENT, ClipOptions, ClipPart, plan_segments
 from shardmaker.builder.sources import Collector, Pair, Skipped, follow_link, header_size, make_key, open_root, scale_of, stamp_of
-from shardmaker.builder.video import VIDEO_EXTENSIONS, video_info
+from shardmaker.builder.video import DEFAULT_MAX_PIXELS, VIDEO_EXTENSIONS, video_info
 from shardmaker.errors import InputError, OnError
 from shardmaker.imaging import codecs
 
@@ -130,10 +130,20 @@ def _folder_clip(fs: Any, rel: str, files: list[tuple[str, str]], out: Collector
     return _Clip(rel, url, paths, size, len(paths), [s for _, s in files])
 
 
-def _video_clip(fs: Any, root: str, rel: str, stamp: str, out: Collector, options: dict[str, Any] | None) -> _Clip | None:
+@dataclasses.dataclass(frozen=True)
+class _Limits:
+    """What a video's stream is checked against at scan time (the build's --max-pixels, --drop-alpha)."""
+
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    drop_alpha: bool = False
+
+
+def _video_clip(
+    fs: Any, root: str, rel: str, stamp: str, out: Collector, options: dict[str, Any] | None, limits: _Limits
+) -> _Clip | None:
     url = storage.url_of(fs, posixpath.join(root, rel))
     try:
-        size, pts = video_info(url, options)
+        size, pts = video_info(url, options, limits.max_pixels, limits.drop_alpha)
     except InputError as exc:
         out.problem(exc.path, exc.reason)
         return None
@@ -153,11 +163,15 @@ def scan_clips(
     mod_crop: bool = True,
     on_error: OnError = OnError.FAIL,
     storage_options: dict[str, Any] | None = None,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    drop_alpha: bool = False,
 ) -> tuple[list[Pair], list[Skipped], list[str]]:
     """One pair per clip segment under ``hr_url`` (sorted by key), the clips skipped (``skip``) and
     the files that are neither frames nor videos. LR clips (``--lr``) sit at the same relative
     paths under each LR folder, with the same frame names (or as videos of the same name), one
-    scale per folder, every frame checked HR = s x LR from its header."""
+    scale per folder, every frame checked HR = s x LR from its header. A video's declared frame size
+    is checked against ``max_pixels``, and its pixel format for alpha (``drop_alpha``), before any decode."""
+    limits = _Limits(max_pixels, drop_alpha)
     fs, root = open_root(hr_url, "clips folder", storage_options)
     out = Collector(OnError(on_error))
     folders, videos, ignored = _list(fs, root, out)
@@ -166,13 +180,13 @@ def scan_clips(
         if (c := _folder_clip(fs, rel, files, out)) is not None:
             clips.append(c)
     for rel, stamp in sorted(videos.items()):
-        if (c := _video_clip(fs, root, rel, stamp, out, storage_options)) is not None:
+        if (c := _video_clip(fs, root, rel, stamp, out, storage_options, limits)) is not None:
             clips.append(c)
     if not clips and not out.skipped:
         raise InputError(hr_url, "no clips found: folders of frames, or video files (" + " ".join(VIDEO_EXTENSIONS) + ")")
     lr_of: dict[str, list[tuple[int, _Clip]]] = {c.rel: [] for c in clips}
     for lr_url in lr_urls:
-        _match_lr(lr_url, clips, lr_of, mod_crop, out, storage_options)
+        _match_lr(lr_url, clips, lr_of, mod_crop, out, storage_options, limits)
     pairs: list[Pair] = []
     keys: dict[str, str] = {}
     for c in clips:
@@ -225,6 +239,7 @@ def _match_lr(
     mod_crop: bool,
     out: Collector,
     storage_options: dict[str, Any] | None,
+    limits: _Limits,
 ) -> None:
     """Each HR clip's LR clip under ``lr_url`` (same relative folder and frame stems, or a video of
     the same relative stem), its scale from the sizes; one scale for the whole folder."""
@@ -253,7 +268,7 @@ def _match_lr(
             if found is None:
                 out.problem(c.url, f"has no LR video in {lr_url} (looked for {posixpath.splitext(c.rel)[0]}.*)")
                 continue
-            lc = _video_clip(fs, root, found[0], found[1], out, storage_options)
+            lc = _video_clip(fs, root, found[0], found[1], out, storage_options, limits)
             if lc is None:
                 continue
             if lc.count != c.count:

@@ -151,9 +151,13 @@ class SourceImage:
             return self.read(0, 0, self.height, self.width)
         return self._pixels
 
+    def sparse(self, y: int, x: int, h: int, w: int) -> bool:
+        """Whether the region is all sparse TIFF segments (zeros never written): known without a decode."""
+        return self._pixels is None and self._tif is not None and self._tif.sparse(y, x, h, w)
+
     def read(self, y: int, x: int, h: int, w: int) -> np.ndarray:
-        """The ``h x w`` pixels at ``(y, x)`` (a region sample's: only ``--region`` bounds it, not
-        ``max_pixels``, for a TIFF read by region)."""
+        """The ``h x w`` pixels at ``(y, x)`` (a region sample's: ``--region`` bounds it; the whole
+        image was checked against ``max_pixels`` when its regions were planned)."""
         if self._pixels is None:
             assert self._tif is not None
             try:

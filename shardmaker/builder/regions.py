@@ -20,7 +20,7 @@ import numpy as np
 from shardmaker.imaging.croplr import BAND_PIXELS, crop_lr
 from shardmaker.imaging.resize import ResizeMethod
 
-__all__ = ["BAND_PIXELS", "DEFAULT_REGION", "Region", "plan_regions", "region_lr", "valid_share"]
+__all__ = ["BAND_PIXELS", "DEFAULT_REGION", "Region", "plan_regions", "region_count", "region_lr", "valid_share"]
 
 DEFAULT_REGION = 8192  # HR pixels per region side
 FLAT_BLOCK = 64  # pixels per side of the blocks valid_share looks at
@@ -41,30 +41,41 @@ class Region:
         return f"{base}_y{self.y:07d}_x{self.x:07d}"
 
 
+def _pieces(n: int, side: int, step: int) -> list[tuple[int, int]]:
+    """``(start, length)`` of the pieces one side of ``n`` pixels is cut into (see :func:`plan_regions`)."""
+    units, rem = divmod(n, step)
+    if units == 0:
+        return [(0, n)]
+    k = -(-n // side)
+    while True:
+        sizes = [(units // k + (i < units % k)) * step for i in range(k)]
+        sizes[-1] += rem
+        if max(sizes) <= side or k >= units:
+            break
+        k += 1
+    starts = [sum(sizes[:i]) for i in range(k)]
+    return list(zip(starts, sizes, strict=True))
+
+
+def _grid(side: int, scales: Sequence[int]) -> tuple[int, int]:
+    step = math.lcm(*scales)
+    return max(step, side // step * step), step
+
+
 def plan_regions(height: int, width: int, side: int, scales: Sequence[int]) -> list[Region]:
     """Row-major regions of at most ``side`` HR pixels covering the image, as even as the scales'
     grid allows: a side of ``n`` pixels is cut into ``ceil(n / side)`` pieces whose starts are
     multiples of every scale (so each region's LR sits on the whole image's LR grid) and whose
     lengths differ by at most one grid step; only the last piece holds the pixels past the grid.
     No sliver: every region has an LR at every scale."""
-    step = math.lcm(*scales)
-    side = max(step, side // step * step)
+    side, step = _grid(side, scales)
+    return [Region(y, x, h, w) for y, h in _pieces(height, side, step) for x, w in _pieces(width, side, step)]
 
-    def pieces(n: int) -> list[tuple[int, int]]:
-        units, rem = divmod(n, step)
-        if units == 0:
-            return [(0, n)]
-        k = -(-n // side)
-        while True:
-            sizes = [(units // k + (i < units % k)) * step for i in range(k)]
-            sizes[-1] += rem
-            if max(sizes) <= side or k >= units:
-                break
-            k += 1
-        starts = [sum(sizes[:i]) for i in range(k)]
-        return list(zip(starts, sizes, strict=True))
 
-    return [Region(y, x, h, w) for y, h in pieces(height) for x, w in pieces(width)]
+def region_count(height: int, width: int, side: int, scales: Sequence[int]) -> int:
+    """How many regions :func:`plan_regions` makes, without making them (one list per side)."""
+    side, step = _grid(side, scales)
+    return len(_pieces(height, side, step)) * len(_pieces(width, side, step))
 
 
 def region_lr(

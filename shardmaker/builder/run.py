@@ -42,7 +42,7 @@ from shardmaker.builder.config import (
 )
 from shardmaker.builder.output import Output
 from shardmaker.builder.sample import EncodedSample, LrMethod, encode_or_skip
-from shardmaker.builder.sources import Pair, Skipped, scan_sources, split_regions
+from shardmaker.builder.sources import Collector, Pair, Skipped, scan_sources, split_regions
 from shardmaker.builder.writer import ShardWriter
 from shardmaker.errors import BuildError, InputError, OnError, brief
 from shardmaker.format import SampleHeader, tario
@@ -270,11 +270,16 @@ def _scan(opts: BuildConfig) -> tuple[list[Pair], list[Skipped], list[str]]:
     if opts.clips is not None:
         if len(_hr_sources(opts)) != 1 or opts.lr_pattern is not None:
             raise BuildError("--clips takes one folder of clips (and --lr folders of LR clips; no --lr-pattern)")
-        return scan_clips(_hr_sources(opts)[0], opts.lr_srcs, opts.clips, cfg.mod_crop, opts.on_error, cfg.storage_options)
+        hr, lr = _hr_sources(opts)[0], opts.lr_srcs
+        return scan_clips(hr, lr, opts.clips, cfg.mod_crop, opts.on_error, cfg.storage_options, cfg.max_pixels, cfg.drop_alpha)
     pairs, skipped, ignored = scan_sources(
         _hr_sources(opts), opts.lr_srcs, cfg.mod_crop, opts.on_error, cfg.storage_options, opts.lr_pattern
     )
-    return split_regions(pairs, cfg.region, None if opts.lr_srcs else cfg.scales or (1,)), skipped, ignored
+    out = Collector(opts.on_error)  # an image over --max-pixels (also one read by region) is refused before planning
+    pairs = split_regions(pairs, cfg.region, None if opts.lr_srcs else cfg.scales or (1,), cfg.max_pixels, out)
+    if not pairs and out.skipped:
+        raise InputError(out.skipped[0].path, f"{out.skipped[0].reason} (no usable source left)")
+    return pairs, [*skipped, *out.skipped], ignored
 
 
 def build(opts: BuildConfig) -> BuildResult:

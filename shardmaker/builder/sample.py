@@ -79,6 +79,8 @@ def _region_images(
     assert r is not None
     if (src.width, src.height) != (W, H):
         raise InputError(pair.hr, f"is {src.width}x{src.height} now, {W}x{H} when the build planned its regions")
+    if cfg.min_valid > 0 and src.sparse(r.y, r.x, r.h, r.w):  # zeros, 0% content: dropped without a decode
+        return Skipped(pair.hr, f"region is sparse (no TIFF segment written), under --min-valid {cfg.min_valid:g}", pair.key, 0.0)
     if cfg.lr_method is LrMethod.PROVIDED:
         hr = src.read(r.y, r.x, r.h, r.w)
         if (dropped := _dropped(pair, hr, cfg)) is not None:

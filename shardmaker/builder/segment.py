@@ -101,4 +101,4 @@ def _frames(url: str, frame_urls: Sequence[str], part: ClipPart, cfg: SampleConf
             with SourceImage(f, cfg) as img:
                 yield img.whole()
         return
-    yield from video_frames(url, part.first, part.count, cfg.storage_options, pts=tuple(pts))
+    yield from video_frames(url, part.first, part.count, cfg.storage_options, tuple(pts), cfg.max_pixels, cfg.drop_alpha)

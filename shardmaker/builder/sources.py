@@ -24,7 +24,7 @@ from fsspec.core import url_to_fs
 
 from shardmaker import storage
 from shardmaker.builder.clipplan import ClipPart
-from shardmaker.builder.regions import Region, plan_regions
+from shardmaker.builder.regions import Region, plan_regions, region_count
 from shardmaker.errors import InputError, OnError, ShardmakerError, unreadable
 from shardmaker.format import patterns
 from shardmaker.imaging import codecs
@@ -88,20 +88,36 @@ class Skipped:
         return d
 
 
-def split_regions(pairs: Sequence[Pair], side: int, scales: Sequence[int] | None = None) -> list[Pair]:
+def split_regions(
+    pairs: Sequence[Pair],
+    side: int,
+    scales: Sequence[int] | None = None,
+    max_pixels: int | None = None,
+    out: Collector | None = None,
+) -> list[Pair]:
     """Each pair whose image is larger than ``side`` on a side as its region samples
     (:func:`~shardmaker.builder.regions.plan_regions`: keys ``{key}_y{Y}_x{X}``), in key order; the
-    others as they are. ``scales``: the generated scales (provided LR: each pair's own)."""
-    out: list[Pair] = []
+    others as they are. ``scales``: the generated scales (provided LR: each pair's own).
+    ``max_pixels`` bounds the whole image, also one read by region: a larger one is ``out``'s problem
+    (named with its size and region count; raised without ``out``), never planned."""
+    res: list[Pair] = []
     for p in pairs:
         w, h = p.hr_size
         if max(w, h) <= side:
-            out.append(p)
+            res.append(p)
             continue
         step_scales = list(scales) if scales else [s for s, _, _ in p.lr] or [1]
+        if max_pixels is not None and w * h > max_pixels:
+            n = region_count(h, w, side, step_scales)
+            reason = (
+                f"{w}x{h} = {w * h} pixels ({n} regions of up to {side}x{side}) is over the limit of {max_pixels} "
+                "(a sparse or forged TIFF?); raise --max-pixels to at least the image's pixels if it is genuine"
+            )
+            (out or Collector(OnError.FAIL)).problem(p.hr, reason)
+            continue
         for r in plan_regions(h, w, side, step_scales):
-            out.append(dataclasses.replace(p, key=r.key(p.key), hr_size=(r.w, r.h), region=r, image_size=(w, h)))
-    return sorted(out, key=lambda p: p.key)
+            res.append(dataclasses.replace(p, key=r.key(p.key), hr_size=(r.w, r.h), region=r, image_size=(w, h)))
+    return sorted(res, key=lambda p: p.key)
 
 
 def make_key(rel_path: str) -> str:

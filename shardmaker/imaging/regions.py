@@ -134,6 +134,19 @@ class TiffRegions:
     def close(self) -> None:
         self._tif.close()
 
+    def sparse(self, y: int, x: int, h: int, w: int) -> bool:
+        """Whether every segment the region overlaps is sparse (byte count 0, never written: zeros),
+        from the segment table alone: such a region is known flat without decoding anything."""
+        (sh, sw), (rows, cols) = self._seg, self._grid
+        counts = self._page.databytecounts
+        planes = range(self.channels if self._separate else 1)
+        return all(
+            int(counts[p * rows * cols + r * cols + c]) == 0
+            for p in planes
+            for r in range(y // sh, (y + h - 1) // sh + 1)
+            for c in range(x // sw, (x + w - 1) // sw + 1)
+        )
+
     def read(self, y: int, x: int, h: int, w: int) -> np.ndarray:
         """The ``h x w`` region at ``(y, x)``: HxW (grey) or HxWx3, from the segments it overlaps."""
         if not (0 <= y and 0 <= x and h > 0 and w > 0 and y + h <= self.height and x + w <= self.width):

@@ -26,12 +26,13 @@ import torch
 from torch import nn
 
 from shardmaker import imaging, storage
+from shardmaker.errors import brief
 from shardmaker.imaging import Codec
 from wdsr.metrics import psnr_y, ssim_y
 from wdsr.pipeline.tiles import stitch, tile_boxes
 from wdsr.tools.ckptcheck import check_checkpoint
 from wdsr.tools.references import IMAGE_EXTS, crop_reference, pair_references
-from wdsr.train.checkpoint import FORMAT, RunDir, RunError
+from wdsr.train.checkpoint import FORMAT, MAX_STEP, RunDir, RunError
 from wdsr.train.models import build_model, residual_of
 from wdsr.train.validate import super_resolve
 
@@ -71,6 +72,11 @@ def _read_checkpoint(source: str) -> tuple[dict[str, Any], str]:
         raise RunError(f"{source}: not a readable checkpoint ({type(exc).__name__}: {str(exc)[:120]})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("model"), dict):
         raise RunError(f"{source}: not a {FORMAT} checkpoint (written by wdsr train)")
+    step = state.get("step", 0)
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+        raise RunError(f"{source}: 'step' must be an integer in [0, {MAX_STEP}], got {brief(step)}")
+    if not all(torch.isfinite(v).all() for v in state["model"].values() if isinstance(v, torch.Tensor) and v.is_floating_point()):
+        raise RunError(f"{source}: the weights hold inf or NaN (a diverged run); use an earlier checkpoint")
     return state, source
 
 
@@ -177,6 +183,8 @@ def upscale_image(
         sr = _sr_tiled(m, x, tile, overlap, device)
     else:
         sr = super_resolve(m.model, x, device)
+    if not torch.isfinite(sr).all():  # finite weights can still overflow: never a black or white image, exit 0
+        raise RunError(f"{m.source}: the model's output holds inf or NaN for this image; nothing written")
     return _to_int(_unplanes(sr, img), img.dtype)
 
 
@@ -239,7 +247,7 @@ def write_output(target: Path, data: bytes, overwrite: bool = False) -> None:
     tmp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.part"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # a new file, the umask's mode, as a plain write
     try:
-        with os.fdopen(fd, "wb") as f:
+        with storage.naming(str(target)), os.fdopen(fd, "wb") as f:  # a full disk names the output
             f.write(data)
         if overwrite:
             os.replace(tmp, target)

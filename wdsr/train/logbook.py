@@ -54,7 +54,7 @@ class MetricsLog:
             log.info("metrics: %s (copied to %s/%s at each checkpoint)", self.path, run.url, history.NAME)
 
     def write(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as f:
+        with storage.naming(str(self.path)), open(self.path, "a") as f:  # a full disk names metrics.jsonl
             f.write(json.dumps(record) + "\n")
         if self.tb is not None:
             for k, v in record.items():

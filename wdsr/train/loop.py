@@ -190,6 +190,9 @@ def _train(cfg: TrainConfig) -> int:
             "continue it, or choose another --out"
         )
     if cfg.check:
+        for ds in (train_ds, val_ds):
+            if ds is not None:
+                ds.check_shards()  # a missing or truncated shard: exit 2 now, not retries in every pod
         at = f"resume at step {resume_state['step']}" if resume_state is not None else "start at step 0"
         print(
             f"wdsr train --check: OK: {train_ds.manifest.samples} samples x{cfg.dataset.scale} in {cfg.data}; "
