@@ -96,6 +96,9 @@ def test_the_basicsr_yaml_gives_the_same_errors() -> None:
             dataset_options(opt | {"degrade": degrade})
     with pytest.raises(ValueError, match=r"^datasets\.train\.degrade: scale must be an integer"):
         dataset_options(opt | {"scale": 4.0, "degrade": "realesrgan"})
+    # a list where a name or a mapping goes (a TypeError deep in the dataset before): one line naming it
+    with pytest.raises(ValueError, match=r"datasets\.train\.degrade.*\['realesrgan'\] is not one of"):
+        dataset_options(opt | {"degrade": ["realesrgan"]})
 
 
 CHILD = """

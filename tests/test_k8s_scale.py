@@ -533,12 +533,12 @@ def test_plain_job_survives_preempting_pod_1_then_pod_0_and_resumes_exactly(refe
     assert_same_training(finished(out), reference)
 
 
-@pytest.mark.slow
 def _cache_files(pod_dir: Path) -> dict[str, int]:
     cache = pod_dir / "scratch" / "shard-cache"
     return {p.name: p.stat().st_size for p in cache.rglob("*.tar")} if cache.is_dir() else {}
 
 
+@pytest.mark.slow
 def test_jobset_restarts_the_group_on_a_preemption_without_counting(reference, s3, s3_photo_shards, tmp_path):
     """Pod 2 preempted after a checkpoint: JobSet recreates the whole group once, uncounted, and the run
     ends with the uninterrupted weights. Also what the restart costs (printed; the numbers in

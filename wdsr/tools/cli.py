@@ -349,11 +349,12 @@ def _train(args: argparse.Namespace) -> int:
     (it diverges again from the same checkpoint with the same settings: lower --lr first)."""
     from wdsr.train.checkpoint import Diverged
     from wdsr.train.config import make_config
-    from wdsr.train.loop import train
+    from wdsr.train.loop import sigterm_exits, train
 
     flags = {k: v for k, v in vars(args).items() if k != "cmd"}
     try:
-        return train(make_config(flags))
+        with sigterm_exits():  # --resume reads OUT/run.json, maybe from storage: a pod's PID 1 must end on SIGTERM there too
+            return train(make_config(flags))
     except Diverged as exc:
         print(f"wdsr train: error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT

@@ -18,7 +18,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -163,16 +163,25 @@ def _exit_before_training(signum: int, _frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+@contextlib.contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """Inside: SIGTERM exits at once with 143 (``SystemExit``). A process with a handler gets the signal
+    even as a container's PID 1, where the kernel drops an unhandled one: the pre-flight, the settings
+    read from ``OUT/run.json`` on storage (``--resume``) and the rendezvous all end on a pod's SIGTERM."""
+    previous = signal.signal(signal.SIGTERM, _exit_before_training)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def train(cfg: TrainConfig) -> int:
     """Run the loop; returns the exit status: 0 when finished or stopped by SIGTERM,
     ``EXIT_PEER_STOPPED`` (75) when stopped because another rank was (rerun with ``--resume``).
-    SIGTERM before the loop (the ``--check`` pre-flight, the rendezvous) exits at once with 143: a process
-    with a handler gets the signal even as a container's PID 1, where the kernel drops an unhandled one."""
-    previous = signal.signal(signal.SIGTERM, _exit_before_training)
-    try:
+    SIGTERM before the loop (the ``--check`` pre-flight, the rendezvous) exits at once with 143
+    (:func:`sigterm_exits`)."""
+    with sigterm_exits():
         return _train(cfg)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _train(cfg: TrainConfig) -> int:
