@@ -40,44 +40,16 @@ def one_line(capsys) -> str:
 def trained(photo_shards, tmp_path_factory) -> Path:
     """A finished 2-step run (checkpoints at steps 1 and 2), copied by each test that edits it."""
     out = tmp_path_factory.mktemp("trained") / "run"
-    argv = [
-        "train",
-        "--data",
-        str(photo_shards),
-        "--out",
-        str(out),
-        *SMALL,
-        "--workers",
-        "0",
-        "--steps",
-        "2",
-        "--ckpt-every",
-        "1",
-        "--log-every",
-        "1",
-    ]
-    assert main(argv) == 0
+    assert main(_train_argv(photo_shards, out, 2, "--ckpt-every", "1", "--log-every", "1")) == 0
     return out
 
 
+def _train_argv(photo_shards, out: Path, steps: int, *more: str) -> list[str]:
+    return ["train", "--data", str(photo_shards), "--out", str(out), *SMALL, "--workers", "0", "--steps", str(steps), *more]
+
+
 def resume_check(photo_shards, out: Path, *more: str) -> int:
-    return main(
-        [
-            "train",
-            "--data",
-            str(photo_shards),
-            "--out",
-            str(out),
-            *SMALL,
-            "--workers",
-            "0",
-            "--steps",
-            "4",
-            "--resume",
-            "--check",
-            *more,
-        ]
-    )
+    return main(_train_argv(photo_shards, out, 4, "--resume", "--check", *more))
 
 
 # ---- 1. latest.json names a checkpoint of this run folder, and nothing else ------------------------
