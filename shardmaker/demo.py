@@ -1,6 +1,8 @@
 """The shard half of ``make demo``: build shards from the real photos bundled in scikit-image,
 show and check them (``python -m wdsr.tools.demo`` runs this, then streams the shards).
 
+Two photos are held out (:data:`VAL`): ``OUT/photos/train`` becomes ``OUT/shards``, ``OUT/photos/val``
+becomes ``OUT/val``, the set the quick start validates on (``wdsr train --val-data``).
 No download at run time: the photos ship inside the scikit-image wheel (the ``demo`` extra).
 """
 
@@ -15,6 +17,7 @@ from pathlib import Path
 
 from shardmaker import storage
 from shardmaker.cli import main as shardmaker_main
+from shardmaker.errors import ShardmakerError, require_extra
 
 PHOTOS = (
     "astronaut.png",
@@ -26,19 +29,25 @@ PHOTOS = (
     "hubble_deep_field.jpg",
     "retina.jpg",
 )
+VAL = ("chelsea.png", "coffee.png")  # held out of the training shards: the quick start's val set
 
 
-def bundled_photos(dest: Path) -> Path:
-    """Copy scikit-image's bundled photos to ``dest`` (once) and return it."""
-    try:
-        import skimage
-    except ImportError:
-        sys.exit("the demo needs scikit-image's bundled photos: pip install -e '.[demo]'")
-    data = Path(skimage.__file__).parent / "data"
-    dest.mkdir(parents=True, exist_ok=True)
+def _log_error(exc: ShardmakerError) -> int:
+    print(f"make demo: {exc}", file=sys.stderr)
+    return 2
+
+
+def bundled_photos(dest: Path, split: bool = False) -> Path:
+    """Copy scikit-image's bundled photos to ``dest`` (once) and return it: those of :data:`VAL` under
+    ``dest/val``, the others under ``dest/train`` with ``split=True``, else all in ``dest``. Without
+    scikit-image: a :class:`MissingExtraError` naming the ``demo`` extra."""
+    skimage = require_extra("skimage", "the demo (its photos ship in scikit-image)", package="scikit-image")
+    data = Path(str(skimage.__file__)).parent / "data"
     for name in PHOTOS:
-        if (data / name).is_file() and not (dest / name).exists():
-            shutil.copyfile(data / name, dest / name)
+        folder = dest / ("val" if name in VAL else "train") if split else dest
+        folder.mkdir(parents=True, exist_ok=True)
+        if (data / name).is_file() and not (folder / name).exists():
+            shutil.copyfile(data / name, folder / name)
     return dest
 
 
@@ -63,16 +72,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     if args.photos_to:
-        print(f"copied {upload_photos(args.photos_to)} photos to {args.photos_to}")
+        try:
+            print(f"copied {upload_photos(args.photos_to)} photos to {args.photos_to}")
+        except ShardmakerError as exc:
+            return _log_error(exc)
         return 0
     work = Path(args.out)
-    src = bundled_photos(work / "photos")
+    try:
+        src = bundled_photos(work / "photos", split=True)
+    except ShardmakerError as exc:
+        return _log_error(exc)
     shards = str(work / "shards")
     workers = str(min(2, os.cpu_count() or 1))
-    print(f"== shardmaker build {src} {shards} --scale 2,4 --workers {workers}")
-    rc = shardmaker_main(["build", str(src), shards, "--scale", "2,4", "--workers", workers, "--max-samples", "3", "--overwrite"])
-    if rc:
-        return rc
+    for folder, out in ((src / "train", shards), (src / "val", str(work / "val"))):
+        print(f"== shardmaker build {folder} {out} --scale 2,4 --workers {workers}")
+        argv = ["build", str(folder), out, "--scale", "2,4", "--workers", workers, "--max-samples", "3", "--overwrite"]
+        rc = shardmaker_main(argv)
+        if rc:
+            return rc
     print(f"\n== shardmaker info {shards}")
     shardmaker_main(["info", shards])
     print(f"\n== shardmaker verify {shards} --deep")

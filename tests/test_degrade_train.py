@@ -92,6 +92,9 @@ def test_preview_shows_degraded_pairs(hr_only, tmp_path, capsys):
     sheet = np.asarray(Image.open(png))
     assert sheet.shape[1] == 96 + 4 + 96 and sheet.shape[0] > 3 * 96
     assert main(["preview", str(hr_only), "-o", str(png), "--patch-size", "96", "-n", "2", "--lr", "bicubic"]) == 0
+    # without --patch-size: the patch training cuts with --degrade realesrgan (its yml's gt_size 256), not 128
+    assert main(["preview", str(hr_only), "-o", str(png), "-n", "1", "--degrade", "realesrgan"]) == 0
+    assert np.asarray(Image.open(png)).shape[1] == 256 + 4 + 256
     assert main(["preview", str(hr_only), "-o", str(png), "--patch-size", "48", "--degrade", "bsrgan"]) == 2
     assert "patch_size 48 is too small for 25-tap kernels at 1/8: at least 104" in capsys.readouterr().err
 

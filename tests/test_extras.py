@@ -95,6 +95,13 @@ def test_an_s3_url_without_s3fs(tmp_path):
     assert "needs s3fs" in err
 
 
+def test_the_demo_without_scikit_image(tmp_path):
+    """``make demo``'s photos ship in scikit-image (the ``demo`` extra): one line, exit 2, nothing built."""
+    err = _one_line(_without(tmp_path, "skimage", "shardmaker.demo", "--out", "d"), "demo")
+    assert "the demo (its photos ship in scikit-image) needs scikit-image" in err, err
+    assert not (tmp_path / "d" / "shards").exists()
+
+
 def test_the_helper_names_the_extra_and_crosses_processes():
     with pytest.raises(MissingExtraError) as e:
         require_extra("wdsr_tests_no_such_module", "--tensorboard", package="tensorboard")

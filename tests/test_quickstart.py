@@ -62,20 +62,27 @@ def _set5_x4(model_path: Path) -> tuple[float, float, np.ndarray, np.ndarray]:
 @needs_refdata
 def test_the_readme_quick_start_beats_bicubic_on_set5(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert demo.main(["--out", "demo-out"]) == 0  # make demo's shards (demo-out/shards)
+    assert demo.main(["--out", "demo-out"]) == 0  # make demo's shards (demo-out/shards, demo-out/val)
     for argv in quickstart_commands():
         assert main(argv) == 0, argv
     run = tmp_path / "demo-out" / "run"
     ours, bicubic, colour, bicubic_colour = _set5_x4(run)
     assert ours >= bicubic + 0.1, (ours, bicubic)
     assert np.abs(colour - bicubic_colour).max() <= 3, (colour, bicubic_colour)
-    photo = read_image(tmp_path / "demo-out" / "photos" / "chelsea.png")
+    photo = read_image(tmp_path / "demo-out" / "photos" / "val" / "chelsea.png")
     sr = read_image(tmp_path / "demo-out" / "sr" / "chelsea.png")  # what `wdsr upscale` wrote
     bic = upscale(photo, 4, ResizeMethod.MATLAB)
     assert sr.shape == bic.shape
     diff = np.abs(sr.reshape(-1, 3).mean(0) - bic.reshape(-1, 3).mean(0))
     assert diff.max() <= 3, diff
     assert (tmp_path / "demo-out" / "curves.png").is_file()
+    # it validates on the held-out photos: bicubic's line at step 0, then the model's, which ends above it
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (bicubic_line,) = [r for r in lines if "bicubic_psnr_y" in r]
+    val = [r for r in lines if "psnr_y" in r]
+    assert bicubic_line["step"] == 0 and bicubic_line["val_images"] == len(demo.VAL)
+    assert [v["step"] for v in val] == [50, 100, 150, 200], val
+    assert val[-1]["psnr_y"] > bicubic_line["bicubic_psnr_y"], (val, bicubic_line)
 
 
 @needs_refdata

@@ -129,7 +129,13 @@ def _preview_parser(sub: Any) -> None:
     v.add_argument("url", metavar="URL")
     v.add_argument("-o", "--output", required=True, help="PNG file to write (local path or fsspec URL)")
     v.add_argument("--scale", type=int, default=D.scale)
-    v.add_argument("--patch-size", type=int, default=128)
+    v.add_argument(
+        "--patch-size",
+        type=int,
+        default=None,
+        help="HR patch side, a multiple of --scale (default 128; with --degrade, the model's own gt_size: 256, "
+        "Real-ESRNet's yml, as wdsr train uses)",
+    )
     v.add_argument("-n", "--count", type=int, default=8, help="patch pairs to draw (default %(default)s)")
     v.add_argument(
         "--per-image", type=int, default=2, help="patches cut from each image, in manifest order (default %(default)s)"
@@ -212,7 +218,7 @@ def _train_parser(sub: Any) -> None:
         "from OUT/latest.json (or starts fresh if there is none) at the exact batch of the checkpoint; another\n"
         "number of ranks or --workers re-plans the rest of that epoch over them. Config file keys are the flag\n"
         "names; flags override the file.",
-        epilog="example:\n  wdsr train --data demo-out/shards --val-data demo-out/shards --out demo-out/run \\\n"
+        epilog="example:\n  wdsr train --data demo-out/shards --val-data demo-out/val --out demo-out/run \\\n"
         "             --model espcn --patch-size 96 --steps 200 --workers 2\n"
         "  torchrun --nproc-per-node 8 -m wdsr train --config train.yaml --resume",
     )
@@ -407,8 +413,10 @@ def _bench(args: argparse.Namespace) -> int:
 def _preview(args: argparse.Namespace) -> int:
     from wdsr.config import DatasetConfig
     from wdsr.tools.preview import contact_sheet, write_png
-    from wdsr.train.config import degrade_config
+    from wdsr.train.config import degrade_config, degrade_patch
 
+    if args.patch_size is None:  # what training cuts: the degradation's own gt_size, else 128
+        args.patch_size = (args.degrade and degrade_patch(args.degrade, args.scale)) or 128
     # a ConfigError is a ValueError; preview shows float-scale models too
     degrade = degrade_config(args.degrade, args.scale, args.patch_size, "flags", fixed_scale=False)
     config = DatasetConfig(scale=args.scale, patch_size=args.patch_size, seed=args.seed, lr=args.lr, degrade=degrade)

@@ -1,5 +1,5 @@
 """``make demo``: shards from scikit-image's bundled photos (``python -m shardmaker.demo``), then
-batches streamed from them, a contact sheet of LR|HR patches and a bicubic val pass."""
+batches streamed from them, a contact sheet of LR|HR patches and a bicubic pass over the held-out val set."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from wdsr.metrics import psnr_y, ssim_y
 from wdsr.tools.preview import contact_sheet, write_png
 
 
-def stream_demo(shards: str) -> int:
+def stream_demo(shards: str, val_shards: str) -> int:
     workers = min(2, os.cpu_count() or 1)
     ds = SRDataset(shards, scale=4, patch_size=96, patches_per_image=16, batch_size=16, shuffle_buffer=128)
     loader = make_loader(ds, num_workers=workers)
@@ -40,14 +40,15 @@ def stream_demo(shards: str) -> int:
     sheet = Path(shards).parent / "preview.png"
     write_png(str(sheet), contact_sheet(shards, DatasetConfig(scale=4, patch_size=96), 8))
     print(f"   contact sheet of LR|HR patch pairs, labelled with key and transform: {sheet}")
-    val = make_loader(SRDataset(shards, scale=4, split="val"), num_workers=0)
+    val = make_loader(SRDataset(val_shards, scale=4, split="val"), num_workers=0)
     psnrs, ssims = [], []
     for item in val:
         low = np.ascontiguousarray(item.lr[0].permute(1, 2, 0).numpy())
         sr = upscale(low, 4, ResizeMethod.MATLAB)
         psnrs.append(psnr_y(sr, item.hr, crop_border=4))
         ssims.append(ssim_y(sr, item.hr, crop_border=4))
-    print(f"   val split: {len(psnrs)} images; bicubic x4 baseline PSNR-Y {np.mean(psnrs):.2f} dB, SSIM-Y {np.mean(ssims):.4f}")
+    baseline = f"bicubic x4 baseline PSNR-Y {np.mean(psnrs):.2f} dB, SSIM-Y {np.mean(ssims):.4f}"
+    print(f"   val set {val_shards}: {len(psnrs)} held-out images; {baseline}")
     return 0
 
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     rc = subprocess.run([sys.executable, "-m", "shardmaker.demo", "--out", args.out], check=False).returncode
     if rc:
         return rc
-    return stream_demo(str(Path(args.out) / "shards"))
+    return stream_demo(str(Path(args.out) / "shards"), str(Path(args.out) / "val"))
 
 
 if __name__ == "__main__":
