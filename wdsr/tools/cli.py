@@ -135,6 +135,8 @@ def _preview_parser(sub: Any) -> None:
         "--per-image", type=int, default=2, help="patches cut from each image, in manifest order (default %(default)s)"
     )
     v.add_argument("--seed", type=int, default=D.seed)
+    v.add_argument("--clip-frames", type=int, default=5, help="clip datasets: frames per window (default %(default)s)")
+    v.add_argument("--clip-interval", type=int, default=1, help="clip datasets: the frame step (default %(default)s)")
     v.add_argument(
         "--lr",
         choices=["stored", "bicubic", "bicubic-uint8"],
@@ -405,13 +407,22 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _preview(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from wdsr.config import DatasetConfig
-    from wdsr.tools.preview import contact_sheet, write_png
+    from wdsr.pipeline.clips import ClipConfig
+    from wdsr.tools.preview import clip_sheet, contact_sheet, is_clips, write_png
     from wdsr.train.config import degrade_config
 
     # a ConfigError is a ValueError; preview shows float-scale models too
     degrade = degrade_config(args.degrade, args.scale, args.patch_size, "flags", fixed_scale=False)
     config = DatasetConfig(scale=args.scale, patch_size=args.patch_size, seed=args.seed, lr=args.lr, degrade=degrade)
+    if is_clips(args.url):  # windows of frames, each frame LR|HR
+        clip = ClipConfig(frames=args.clip_frames, interval=args.clip_interval)
+        sheet = clip_sheet(args.url, dataclasses.replace(config, clip=clip), args.count, args.per_image)
+        write_png(args.output, sheet)
+        print(f"wrote {args.output}: {args.count} windows of {args.clip_frames} LR|HR frames, {sheet.shape[1]}x{sheet.shape[0]}")
+        return 0
     sheet = contact_sheet(args.url, config, args.count, args.per_image)
     write_png(args.output, sheet)
     what = f"{args.degrade}-degraded LR|HR" if degrade is not None else "LR|HR"
