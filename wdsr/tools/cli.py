@@ -162,7 +162,13 @@ def _tool_parsers(sub: Any) -> None:
         "--hr DIR prints PSNR-Y / SSIM-Y (border = scale) against the HR images of the same names.",
     )
     u.add_argument("checkpoint", metavar="CKPT_OR_RUN", help="checkpoints/step-N.pt or a wdsr train run folder")
-    u.add_argument("images", metavar="IMAGES", nargs="+", help="image files or folders of them")
+    u.add_argument(
+        "images",
+        metavar="IMAGES",
+        nargs="+",
+        help="image files or folders of them; or one video file (.mp4 .mkv .mov .avi .webm: the video extra), or a "
+        "folder of one clip's frames with a video model or --video",
+    )
     u.add_argument("-o", "--output", required=True, metavar="OUT", help="folder for the upscaled PNGs")
     u.add_argument("--tile", type=int, default=256, help="LR tile side (default 256; 0 = whole images)")
     u.add_argument(
@@ -185,6 +191,12 @@ def _tool_parsers(sub: Any) -> None:
         "as shardmaker build --lr-pattern: '{stem}_LRBI_x{s}'",
     )
     u.add_argument("--overwrite", action="store_true", help="replace existing OUT/<name>.png files (an input is never replaced)")
+    u.add_argument(
+        "--video",
+        action="store_true",
+        help="IMAGES is one clip (a video file or a folder of frames): write it as a lossless FFV1 video, -o OUT.mkv "
+        "(without it a clip becomes OUT/frame_000000.png ...)",
+    )
     g = sub.add_parser(
         "plot",
         help="draw a run's curves (loss, lr, PSNR/SSIM-Y, patches/s, data_wait) from metrics.jsonl as a PNG",
@@ -433,19 +445,49 @@ def _preview(args: argparse.Namespace) -> int:
 def _upscale(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from wdsr.tools.frames import is_video_file
     from wdsr.tools.upscale import find_images, load_model, pick_device, plan_outputs, report, upscale_files
+    from wdsr.tools.upscale_video import is_video_model
 
     if args.tile < 0:
         raise ValueError(f"--tile must be >= 0, got {args.tile}")
+    if args.video or (len(args.images) == 1 and is_video_file(args.images[0])):
+        return _upscale_clip(args, None)
     images = find_images(args.images)
     plan_outputs(images, Path(args.output), args.overwrite)  # before the model is built: a refusal costs nothing
     m = load_model(args.checkpoint, pick_device(args.device))
+    if is_video_model(m) and len(args.images) == 1 and Path(args.images[0]).is_dir():
+        return _upscale_clip(args, m)  # a video model takes a folder as one clip's frames
     print(f"{m.source}: {m.name} x{m.scale}, step {m.step}; {len(images)} image(s)")
     hr = Path(args.hr) if args.hr else None
     if args.lr_pattern is not None and hr is None:
         raise ValueError("--lr-pattern names the images' HR references: give --hr too")
     overlap = min(32, args.tile // 4) if args.overlap is None else args.overlap
     print(report(upscale_files(m, images, Path(args.output), args.tile or None, overlap, hr, args.overwrite, args.lr_pattern)))
+    return 0
+
+
+def _upscale_clip(args: argparse.Namespace, m: Any) -> int:
+    """``wdsr upscale`` of one clip (a video file, or a folder of frames): numbered PNG frames, or ``--video``."""
+    from pathlib import Path
+
+    from wdsr.tools.frames import Ffv1Video, PngFrames, open_clip
+    from wdsr.tools.upscale import load_model, pick_device
+    from wdsr.tools.upscale_video import upscale_clip
+
+    if args.hr or args.lr_pattern:
+        raise ValueError("--hr scores images; a clip (a video file, or a folder of frames) is upscaled without scores")
+    if len(args.images) != 1:
+        raise ValueError(f"a clip is upscaled alone: give one video file or folder of frames, not {len(args.images)} inputs")
+    clip = open_clip(Path(args.images[0]))  # a video's declared size checked before anything is decoded
+    out = Path(args.output)
+    writer = Ffv1Video(out, clip.rate, args.overwrite) if args.video else PngFrames(out, args.overwrite)
+    device = pick_device(args.device)
+    m = m or load_model(args.checkpoint, device)
+    overlap = min(32, args.tile // 4) if args.overlap is None else args.overlap
+    print(f"{m.source}: {m.name} x{m.scale}, step {m.step}; {clip.source}: {clip.count} frame(s)")
+    n = upscale_clip(m, clip, writer, args.tile or None, overlap, device)
+    print(f"{out}: {n} frames" + (" (FFV1, lossless)" if args.video else f" ({out / 'frame_000000.png'} ...)"))
     return 0
 
 
