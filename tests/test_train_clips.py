@@ -21,7 +21,7 @@ from torch import nn
 
 import wdsr
 from shardmaker.imaging.resize import downscale
-from tests.helpers import build_shards, descendants, is_running, mosaic, save, wait_until
+from tests.helpers import ROOT, build_shards, descendants, free_port, is_running, mosaic, save, wait_until
 from wdsr.metrics import psnr_y, ssim_y
 from wdsr.tools.cli import main
 from wdsr.train.checkpoint import RunDir
@@ -280,3 +280,21 @@ def test_clip_validation_of_a_bicubic_video_model_is_the_bicubic_psnr_of_the_fra
     model = _BicubicClips(center=window == "center")
     for psnr, ssim, n in (validate_clips(model, val, cfg, ctx), bicubic_clips(val, cfg, ctx, 3)):
         assert n == 2 and abs(psnr / n - want[0]) < 1e-9 and abs(ssim / n - want[1]) < 1e-9
+
+
+@pytest.mark.slow
+def test_clip_validation_under_torchrun_scores_each_clip_once(clips, tmp_path):
+    """2 ranks (gloo): each validates its own clip, the sums are gathered: the same bicubic line and clip
+    count as one process (a clip scored on both ranks, or on none, would change them)."""
+    flags = ["--clip-frames", "3", "--val-data", str(clips), "--val-every", "2", "--steps", "2"]
+    assert train(clips, tmp_path / "one", *flags) == 0
+    out = tmp_path / "two"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2", "--master-addr=127.0.0.1"]
+    cmd += [f"--master-port={free_port()}", "-m", "wdsr", "train", "--data", str(clips), "--out", str(out), *SMALL, *flags]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = ([r for r in records(d) if "bicubic_psnr_y" in r or "psnr_y" in r] for d in (tmp_path / "one", out))
+    assert [r["val_clips"] for r in two] == [2, 2] and records(out)[-1]["weights_in_sync"]
+    assert abs(one[0]["bicubic_psnr_y"] - two[0]["bicubic_psnr_y"]) < 1e-9
+    assert abs(one[0]["bicubic_ssim_y"] - two[0]["bicubic_ssim_y"]) < 1e-9
