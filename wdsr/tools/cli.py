@@ -231,7 +231,12 @@ def _train_parser(sub: Any) -> None:
         "  torchrun --nproc-per-node 8 -m wdsr train --config train.yaml --resume",
     )
     t.add_argument("--data", metavar="URL", help="training dataset (folder or s3://... with manifest.json)")
-    t.add_argument("--val-data", metavar="URL", help="validation dataset, every image once (default: no validation)")
+    t.add_argument(
+        "--val-data",
+        metavar="URL",
+        help="validation dataset, every image once; with --clip-frames every clip, scored per clip then over clips "
+        "(default: no validation)",
+    )
     t.add_argument("--out", metavar="DIR_OR_URL", help="run folder: checkpoints, latest.json, metrics.jsonl, run.json")
     t.add_argument("--config", metavar="FILE", help="YAML or JSON file of settings (keys = flag names)")
     t.add_argument(
