@@ -20,7 +20,9 @@ from typing import Any
 
 from shardmaker import deprecation, errors
 from shardmaker.builder import BuildConfig, BuildResult, SampleConfig, build, merge
+from shardmaker.builder.clips import natural_key
 from shardmaker.builder.sources import hr_stem_of, lr_name_pattern
+from shardmaker.builder.video import VIDEO_EXTENSIONS, video_frames, video_info
 from shardmaker.errors import BuildError, InputError, OnError, ShardmakerError
 from shardmaker.format import Manifest, ManifestError, load
 from shardmaker.index import IndexConfig, IndexResult, index
@@ -39,14 +41,18 @@ __all__ = [
     "OnError",
     "SampleConfig",
     "ShardmakerError",
+    "VIDEO_EXTENSIONS",
     "build",
     "hr_stem_of",
     "index",
     "load",
     "lr_name_pattern",
     "merge",
+    "natural_key",
     "__version__",
     "verify",
+    "video_frames",
+    "video_info",
 ]
 
 # module paths of the flat layout (before 0.2), served for one release with a warning

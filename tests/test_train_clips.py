@@ -1,26 +1,36 @@
 """`wdsr train` on clip datasets (issue 27): TinyVSR propagates both ways through a window, clips reach a
 checkpoint with data_wait logged, --resume continues at the exact batch, SIGTERM checkpoints, and a
-model of the other kind than the data (or clip validation, not there yet) is one line, exit 2."""
+model of the other kind than the data is one line, exit 2; --val-data scores whole clips REDS4-style."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
+from torch import nn
 
-from tests.helpers import build_shards, descendants, is_running, mosaic, save, wait_until
+import wdsr
+from shardmaker.imaging.resize import downscale
+from tests.helpers import ROOT, build_shards, descendants, free_port, is_running, mosaic, save, wait_until
+from wdsr.metrics import psnr_y, ssim_y
 from wdsr.tools.cli import main
 from wdsr.train.checkpoint import RunDir
+from wdsr.train.clipvalidate import bicubic_clips, val_clip_config, validate_clips
 from wdsr.train.config import make_config
 from wdsr.train.loop import weights_digest
 from wdsr.train.models import TinyVSR, build_model
+from wdsr.train.upsample import MatlabBicubic
+from wdsr.train.validate import quantise
 
 SHIFT = 2  # HR pixels the scene moves per frame
 # 4 segments x k=4 windows / batch 2 = 8 batches per epoch
@@ -165,7 +175,12 @@ def test_sigterm_checkpoints_clips_and_resume_continues(clips, tmp_path, caplog)
         ("video model without frames", "clips", [], "give --clip-frames T"),
         ("image model with frames", "clips", ["--model", "espcn", "--clip-frames", "3"], "is an image model"),
         ("clip setting without frames", "clips", ["--clip-window", "center"], "--clip-window without --clip-frames"),
-        ("clip validation", "clips", ["--clip-frames", "3", "--val-data", "{data}", "--val-every", "2"], "inside wdsr train is not there yet"),
+        (
+            "clip validation in tiles",
+            "clips",
+            ["--clip-frames", "3", "--val-data", "{data}", "--val-every", "2", "--val-tile", "16"],
+            "clips are validated whole frames",
+        ),
         ("windows past max-span", "clips", ["--clip-frames", "5", "--clip-interval", "2"], "built with --max-span 5"),
         ("even centre window", "clips", ["--clip-frames", "4", "--clip-window", "center"], "odd number of frames"),
         (
@@ -217,3 +232,69 @@ def test_clips_of_one_segment_each_take_windows_past_max_span(clip_src, tmp_path
     """--max-span only bounds the windows of clips cut into segments; a clip kept whole holds any window."""
     whole = build_shards(clip_src, tmp_path / "ds", "--clips", "--scale", "2", "--segment", "16", "--max-span", "3")
     assert train(whole, tmp_path / "run", "--clip-frames", "5", "-k", "8", "--steps", "2") == 0
+
+
+def test_val_data_on_clips_logs_per_clip_psnr_and_the_bicubic_line(clips, tmp_path):
+    """--val-data with clips: the step-0 bicubic line and a val line per --val-every, means over the 2 clips."""
+    out = tmp_path / "run"
+    assert train(clips, out, "--clip-frames", "3", "--val-data", str(clips), "--val-every", "2", "--steps", "4") == 0
+    lines = records(out)
+    base = [r for r in lines if "bicubic_psnr_y" in r]
+    val = [r for r in lines if "psnr_y" in r]
+    assert len(base) == 1 and base[0]["step"] == 0 and base[0]["val_clips"] == 2 and 20 < base[0]["bicubic_psnr_y"] < 60
+    assert [r["step"] for r in val] == [2, 4] and all(r["val_clips"] == 2 for r in val)
+    assert all(math.isfinite(r["psnr_y"]) and 0 < r["ssim_y"] <= 1 for r in val)
+
+
+class _BicubicClips(nn.Module):
+    """A video model that is MATLAB bicubic per frame: ``[B, T, C, h, w]`` -> every frame's, or the centre's."""
+
+    def __init__(self, center: bool) -> None:
+        super().__init__()
+        self.up, self.center = MatlabBicubic(2, 3), center
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.up(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+        return out[:, x.shape[1] // 2] if self.center else out
+
+
+@pytest.mark.parametrize("window", ["recurrent", "center"])
+def test_clip_validation_of_a_bicubic_video_model_is_the_bicubic_psnr_of_the_frames(clip_src, clips, window):
+    """Scored from the source frames directly (per frame, per clip, then over clips): a window off by a
+    frame (the scene pans 2 px a frame), a frame scored twice or a mean over frames would differ."""
+    per_clip = []
+    for clip in sorted(clip_src.iterdir()):
+        scores = []
+        for path in sorted(clip.iterdir()):
+            hr = np.asarray(Image.open(path))
+            lr = torch.from_numpy(np.ascontiguousarray(downscale(hr, 2).transpose(2, 0, 1)))[None]
+            sr = quantise(MatlabBicubic(2, 3)(lr.float() / 255), torch.zeros((), dtype=torch.uint8))[0]
+            chw = torch.from_numpy(np.ascontiguousarray(hr.transpose(2, 0, 1)))
+            scores.append((psnr_y(sr, chw, 2), ssim_y(sr, chw, 2)))
+        per_clip.append(np.mean(scores, axis=0))
+    want = np.mean(per_clip, axis=0)
+    cc = wdsr.ClipConfig(frames=3, window=window, val_frames=5)  # chunks of 5 frames, 3 their own at most
+    assert val_clip_config(cc).val_frames == 32
+    val = wdsr.SRDataset(str(clips), scale=2, split="val", clip=cc)
+    cfg, ctx = SimpleNamespace(workers=0), SimpleNamespace(device=torch.device("cpu"))
+    model = _BicubicClips(center=window == "center")
+    for psnr, ssim, n in (validate_clips(model, val, cfg, ctx), bicubic_clips(val, cfg, ctx, 3)):
+        assert n == 2 and abs(psnr / n - want[0]) < 1e-9 and abs(ssim / n - want[1]) < 1e-9
+
+
+@pytest.mark.slow
+def test_clip_validation_under_torchrun_scores_each_clip_once(clips, tmp_path):
+    """2 ranks (gloo): each validates its own clip, the sums are gathered: the same bicubic line and clip
+    count as one process (a clip scored on both ranks, or on none, would change them)."""
+    flags = ["--clip-frames", "3", "--val-data", str(clips), "--val-every", "2", "--steps", "2"]
+    assert train(clips, tmp_path / "one", *flags) == 0
+    out = tmp_path / "two"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2", "--master-addr=127.0.0.1"]
+    cmd += [f"--master-port={free_port()}", "-m", "wdsr", "train", "--data", str(clips), "--out", str(out), *SMALL, *flags]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = ([r for r in records(d) if "bicubic_psnr_y" in r or "psnr_y" in r] for d in (tmp_path / "one", out))
+    assert [r["val_clips"] for r in two] == [2, 2] and records(out)[-1]["weights_in_sync"]
+    assert abs(one[0]["bicubic_psnr_y"] - two[0]["bicubic_psnr_y"]) < 1e-9
+    assert abs(one[0]["bicubic_ssim_y"] - two[0]["bicubic_ssim_y"]) < 1e-9

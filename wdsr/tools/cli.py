@@ -141,6 +141,8 @@ def _preview_parser(sub: Any) -> None:
         "--per-image", type=int, default=2, help="patches cut from each image, in manifest order (default %(default)s)"
     )
     v.add_argument("--seed", type=int, default=D.seed)
+    v.add_argument("--clip-frames", type=int, default=5, help="clip datasets: frames per window (default %(default)s)")
+    v.add_argument("--clip-interval", type=int, default=1, help="clip datasets: the frame step (default %(default)s)")
     v.add_argument(
         "--lr",
         choices=["stored", "bicubic", "bicubic-uint8"],
@@ -166,7 +168,13 @@ def _tool_parsers(sub: Any) -> None:
         "--hr DIR prints PSNR-Y / SSIM-Y (border = scale) against the HR images of the same names.",
     )
     u.add_argument("checkpoint", metavar="CKPT_OR_RUN", help="checkpoints/step-N.pt or a wdsr train run folder")
-    u.add_argument("images", metavar="IMAGES", nargs="+", help="image files or folders of them")
+    u.add_argument(
+        "images",
+        metavar="IMAGES",
+        nargs="+",
+        help="image files or folders of them; or one video file (.mp4 .mkv .mov .avi .webm: the video extra), or a "
+        "folder of one clip's frames with a video model or --video",
+    )
     u.add_argument("-o", "--output", required=True, metavar="OUT", help="folder for the upscaled PNGs")
     u.add_argument("--tile", type=int, default=256, help="LR tile side (default 256; 0 = whole images)")
     u.add_argument(
@@ -189,6 +197,12 @@ def _tool_parsers(sub: Any) -> None:
         "as shardmaker build --lr-pattern: '{stem}_LRBI_x{s}'",
     )
     u.add_argument("--overwrite", action="store_true", help="replace existing OUT/<name>.png files (an input is never replaced)")
+    u.add_argument(
+        "--video",
+        action="store_true",
+        help="IMAGES is one clip (a video file or a folder of frames): write it as a lossless FFV1 video, -o OUT.mkv "
+        "(without it a clip becomes OUT/frame_000000.png ...)",
+    )
     g = sub.add_parser(
         "plot",
         help="draw a run's curves (loss, lr, PSNR/SSIM-Y, patches/s, data_wait) from metrics.jsonl as a PNG",
@@ -223,7 +237,12 @@ def _train_parser(sub: Any) -> None:
         "  torchrun --nproc-per-node 8 -m wdsr train --config train.yaml --resume",
     )
     t.add_argument("--data", metavar="URL", help="training dataset (folder or s3://... with manifest.json)")
-    t.add_argument("--val-data", metavar="URL", help="validation dataset, every image once (default: no validation)")
+    t.add_argument(
+        "--val-data",
+        metavar="URL",
+        help="validation dataset, every image once; with --clip-frames every clip, scored per clip then over clips "
+        "(default: no validation)",
+    )
     t.add_argument("--out", metavar="DIR_OR_URL", help="run folder: checkpoints, latest.json, metrics.jsonl, run.json")
     t.add_argument("--config", metavar="FILE", help="YAML or JSON file of settings (keys = flag names)")
     t.add_argument(
@@ -411,8 +430,11 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _preview(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from wdsr.config import DatasetConfig
-    from wdsr.tools.preview import contact_sheet, write_png
+    from wdsr.pipeline.clips import ClipConfig
+    from wdsr.tools.preview import clip_sheet, contact_sheet, is_clips, write_png
     from wdsr.train.config import degrade_config, degrade_patch
 
     if args.patch_size is None:  # what training cuts: the degradation's own gt_size, else 128
@@ -420,6 +442,12 @@ def _preview(args: argparse.Namespace) -> int:
     # a ConfigError is a ValueError; preview shows float-scale models too
     degrade = degrade_config(args.degrade, args.scale, args.patch_size, "flags", fixed_scale=False)
     config = DatasetConfig(scale=args.scale, patch_size=args.patch_size, seed=args.seed, lr=args.lr, degrade=degrade)
+    if is_clips(args.url):  # windows of frames, each frame LR|HR
+        clip = ClipConfig(frames=args.clip_frames, interval=args.clip_interval)
+        sheet = clip_sheet(args.url, dataclasses.replace(config, clip=clip), args.count, args.per_image)
+        write_png(args.output, sheet)
+        print(f"wrote {args.output}: {args.count} windows of {args.clip_frames} LR|HR frames, {sheet.shape[1]}x{sheet.shape[0]}")
+        return 0
     sheet = contact_sheet(args.url, config, args.count, args.per_image)
     write_png(args.output, sheet)
     what = f"{args.degrade}-degraded LR|HR" if degrade is not None else "LR|HR"
@@ -430,19 +458,49 @@ def _preview(args: argparse.Namespace) -> int:
 def _upscale(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from wdsr.tools.frames import is_video_file
     from wdsr.tools.upscale import find_images, load_model, pick_device, plan_outputs, report, upscale_files
+    from wdsr.tools.upscale_video import is_video_model
 
     if args.tile < 0:
         raise ValueError(f"--tile must be >= 0, got {args.tile}")
+    if args.video or (len(args.images) == 1 and is_video_file(args.images[0])):
+        return _upscale_clip(args, None)
     images = find_images(args.images)
     plan_outputs(images, Path(args.output), args.overwrite)  # before the model is built: a refusal costs nothing
     m = load_model(args.checkpoint, pick_device(args.device))
+    if is_video_model(m) and len(args.images) == 1 and Path(args.images[0]).is_dir():
+        return _upscale_clip(args, m)  # a video model takes a folder as one clip's frames
     print(f"{m.source}: {m.name} x{m.scale}, step {m.step}; {len(images)} image(s)")
     hr = Path(args.hr) if args.hr else None
     if args.lr_pattern is not None and hr is None:
         raise ValueError("--lr-pattern names the images' HR references: give --hr too")
     overlap = min(32, args.tile // 4) if args.overlap is None else args.overlap
     print(report(upscale_files(m, images, Path(args.output), args.tile or None, overlap, hr, args.overwrite, args.lr_pattern)))
+    return 0
+
+
+def _upscale_clip(args: argparse.Namespace, m: Any) -> int:
+    """``wdsr upscale`` of one clip (a video file, or a folder of frames): numbered PNG frames, or ``--video``."""
+    from pathlib import Path
+
+    from wdsr.tools.frames import Ffv1Video, PngFrames, open_clip
+    from wdsr.tools.upscale import load_model, pick_device
+    from wdsr.tools.upscale_video import upscale_clip
+
+    if args.hr or args.lr_pattern:
+        raise ValueError("--hr scores images; a clip (a video file, or a folder of frames) is upscaled without scores")
+    if len(args.images) != 1:
+        raise ValueError(f"a clip is upscaled alone: give one video file or folder of frames, not {len(args.images)} inputs")
+    clip = open_clip(Path(args.images[0]))  # a video's declared size checked before anything is decoded
+    out = Path(args.output)
+    writer = Ffv1Video(out, clip.rate, args.overwrite) if args.video else PngFrames(out, args.overwrite)
+    device = pick_device(args.device)
+    m = m or load_model(args.checkpoint, device)
+    overlap = min(32, args.tile // 4) if args.overlap is None else args.overlap
+    print(f"{m.source}: {m.name} x{m.scale}, step {m.step}; {clip.source}: {clip.count} frame(s)")
+    n = upscale_clip(m, clip, writer, args.tile or None, overlap, device)
+    print(f"{out}: {n} frames" + (" (FFV1, lossless)" if args.video else f" ({out / 'frame_000000.png'} ...)"))
     return 0
 
 

@@ -3,7 +3,8 @@ a label: the key of the image it was cut from, the patch's index and its transfo
 
 The patches are the ones epoch 0 of training cuts from the dataset's first images (the stream's own
 ``cut_patches``, with the same seed, draws and flat-patch rejection), ``per_image`` from each, in
-manifest order rather than through the shuffle buffer: so each can say what it is."""
+manifest order rather than through the shuffle buffer: so each can say what it is. On a clip dataset, rows
+are windows of frames (:func:`clip_sheet`), drawn the same way."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
+from shardmaker import format as fmt
 from shardmaker import imaging
 from shardmaker.imaging import Codec
 from wdsr.config import DatasetConfig, Split
@@ -20,9 +22,12 @@ from wdsr.dataset import SRDataset
 from wdsr.degrade import Degrader
 from wdsr.errors import SampleError
 from wdsr.pipeline.batch import collate
+from wdsr.pipeline.clips import Window
 from wdsr.pipeline.degraded import as_batch, param_rows
 from wdsr.pipeline.patches import Patch, PatchConfig, cut_patches
+from wdsr.pipeline.sample import is_clip_dataset
 from wdsr.pipeline.whole import DecodedPair
+from wdsr.store import urls
 
 LABEL_H = 12  # pixels of the label line above each row
 # transform t: rotate t % 4 quarter turns counter-clockwise, then mirror left-right if t >= 4
@@ -97,6 +102,48 @@ def contact_sheet(url: str, config: DatasetConfig, count: int = 8, per_image: in
         raise ValueError(f"{url}: no image is large enough for a {config.patch_size}-pixel patch")
     line = np.full((gap, rows[0].shape[1], 3), 255, np.uint8)
     return np.concatenate([x for r in rows for x in (r, line)][:-1], axis=0)
+
+
+def labelled_windows(url: str, config: DatasetConfig, count: int, per_clip: int = 2) -> list[tuple[Window, str]]:
+    """Clip datasets: the first ``count`` windows epoch 0 cuts (``config.clip``'s frames, crop and transform,
+    as the stream's own ``cut_windows`` draws them), ``per_clip`` from each segment in manifest order, each
+    labelled with its key, index, frames and transform; segments too small for a window are passed over."""
+    ds = SRDataset(url, config=dataclasses.replace(config, return_keys=False))
+    out: list[tuple[Window, str]] = []
+    for clip in ds.decoded_in_order():
+        try:
+            windows, _ = cut_patches(clip, config.patch_config(), config.seed, 0, 0, min(per_clip, count - len(out)))
+        except SampleError:
+            continue  # smaller than one patch, or no window starts in it
+        for w in windows:
+            out.append((w, f"{w.key}  #{w.j}  frames {w.frames[0]}..{w.frames[-1]}  {TRANSFORMS[w.t]}"))
+        if len(out) == count:
+            break
+    return out
+
+
+def clip_sheet(url: str, config: DatasetConfig, count: int = 4, per_clip: int = 2, gap: int = 4) -> np.ndarray:
+    """HxWx3 uint8 image of clip windows (``config.clip``, recurrent: every frame's HR): one row per window
+    under its label, one cell per frame in the window's order, each ``[LR x s | HR]``; cells ``2 * gap`` apart."""
+    rows = []
+    for w, label in labelled_windows(url, config, count, per_clip):
+        cells = []
+        for lr, hr in zip(w.lr, w.hr, strict=True):
+            a8, b8 = _rgb8(lr), _rgb8(hr)
+            cells.append(np.concatenate([_nearest(a8, *b8.shape[:2]), np.full((b8.shape[0], gap, 3), 255, np.uint8), b8], 1))
+        sep = np.full((cells[0].shape[0], 2 * gap, 3), 255, np.uint8)
+        row = np.concatenate([x for c in cells for x in (c, sep)][:-1], axis=1)
+        rows.append(np.concatenate([label_strip(label, row.shape[1]), row], axis=0))
+    if not rows:
+        raise ValueError(f"{url}: no clip segment holds a window of {config.patch_size}-pixel patches")
+    line = np.full((gap, rows[0].shape[1], 3), 255, np.uint8)
+    return np.concatenate([x for r in rows for x in (r, line)][:-1], axis=0)
+
+
+def is_clips(url: str) -> bool:
+    """Whether ``url``'s (first) dataset holds clips (``shardmaker build --clips``)."""
+    folder = (urls.dataset_folders(url) or [urls.resolve(url).folder])[0]
+    return is_clip_dataset(fmt.load(folder, compact=True))
 
 
 def _nearest(img: np.ndarray, h: int, w: int) -> np.ndarray:

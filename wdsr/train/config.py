@@ -141,8 +141,8 @@ class TrainConfig:
 
 
 def _check_clip_model(cfg: TrainConfig) -> None:
-    """A video model trains on clips (windows of frames), an image model on patches; validation of clips
-    inside the training loop is not wired yet (``split="val"`` of clip datasets exists)."""
+    """A video model trains on clips (windows of frames), an image model on patches; clips validate whole
+    frames (``wdsr.train.clipvalidate``), not tiles."""
     clip = cfg.dataset.clip
     if cfg.model.video and clip is None:
         raise ConfigError(
@@ -155,12 +155,8 @@ def _check_clip_model(cfg: TrainConfig) -> None:
             f"--clip-frames streams windows of frames from clip datasets; --model {cfg.model.value} is an image model "
             f"(video models: {video})"
         )
-    if clip is not None and cfg.val_data and cfg.val_every:
-        raise ConfigError(
-            "--val-data: validation of clip datasets inside wdsr train is not there yet; leave --val-data unset "
-            "or set --val-every 0, and validate checkpoints with SRDataset(url, split='val', clip=...) and "
-            "wdsr.pipeline.clipval.ClipMeter"
-        )
+    if clip is not None and cfg.val_data and cfg.val_every and cfg.val_tile is not None:
+        raise ConfigError("--val-tile cuts val images into tiles; clips are validated whole frames: leave --val-tile unset")
 
 
 # the DatasetConfig options a train config sets (the val set's tiles are val_tile; split is implied)

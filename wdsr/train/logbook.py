@@ -197,24 +197,27 @@ def log_window(
     win.t, win.wait, win.steps, win.loss = now, 0.0, 0, torch.zeros_like(win.loss)
 
 
-def log_bicubic(ctx: Ctx, metrics: Recorder | None, bar: Any, sums: list[float]) -> None:
-    """The val set's bicubic PSNR-Y/SSIM-Y (``validate.bicubic_baseline``), one record at step 0."""
+def log_bicubic(ctx: Ctx, metrics: Recorder | None, bar: Any, sums: list[float], unit: str = "images") -> None:
+    """The val set's bicubic PSNR-Y/SSIM-Y (``validate.bicubic_baseline``), one record at step 0; ``unit``:
+    what the means are over (``images``, or ``clips``: per-clip means averaged, ``clipvalidate``)."""
     psnr, ssim, n = ctx.all_sum(sums)
     if n == 0:
         return
-    record = {"step": 0, "bicubic_psnr_y": psnr / n, "bicubic_ssim_y": ssim / n, "val_images": int(n)}
-    text = f"val bicubic (the baseline): PSNR-Y {psnr / n:.3f} dB, SSIM-Y {ssim / n:.4f} ({int(n)} images)"
+    record = {"step": 0, "bicubic_psnr_y": psnr / n, "bicubic_ssim_y": ssim / n, f"val_{unit}": int(n)}
+    text = f"val bicubic (the baseline): PSNR-Y {psnr / n:.3f} dB, SSIM-Y {ssim / n:.4f} ({int(n)} {unit})"
     emit(metrics, bar, record, text)
 
 
-def log_val(cfg: TrainConfig, ctx: Ctx, metrics: Recorder | None, bar: Any, sums: list[float], step: int, epoch: int) -> None:
+def log_val(
+    cfg: TrainConfig, ctx: Ctx, metrics: Recorder | None, bar: Any, sums: list[float], step: int, epoch: int, unit: str = "images"
+) -> None:
     psnr, ssim, n = ctx.all_sum(sums)
     if n == 0:
         return
-    record = {"step": step, "epoch": epoch, "psnr_y": psnr / n, "ssim_y": ssim / n, "val_images": int(n)}
+    record = {"step": step, "epoch": epoch, "psnr_y": psnr / n, "ssim_y": ssim / n, f"val_{unit}": int(n)}
     emit(
         metrics,
         bar,
         record,
-        f"val step {step}: PSNR-Y {record['psnr_y']:.3f} dB, SSIM-Y {record['ssim_y']:.4f} ({int(n)} images)",
+        f"val step {step}: PSNR-Y {record['psnr_y']:.3f} dB, SSIM-Y {record['ssim_y']:.4f} ({int(n)} {unit})",
     )

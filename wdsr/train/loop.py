@@ -33,6 +33,7 @@ from wdsr.loader import LoaderStateError, SRLoader, make_loader, sample_meta, to
 from wdsr.pipeline.sample import is_clip_dataset
 from wdsr.store import urls
 from wdsr.train.checkpoint import FORMAT, Diverged, RunDir, RunError
+from wdsr.train.clipvalidate import bicubic_clips, val_clip_config, validate_clips
 from wdsr.train.config import Amp, ConfigError, Schedule, TrainConfig
 from wdsr.train.context import Ctx, pin_threads, setup
 from wdsr.train.logbook import (
@@ -88,7 +89,8 @@ def open_data(cfg: TrainConfig) -> tuple[SRDataset, SRDataset | None]:
     if cfg.val_data and cfg.val_every:
         d = cfg.dataset
         try:
-            val = SRDataset(cfg.val_data, scale=d.scale, split="val", tile=cfg.val_tile, on_error=d.on_error)
+            clip = None if d.clip is None else val_clip_config(d.clip)  # whole clips, scored per clip
+            val = SRDataset(cfg.val_data, scale=d.scale, split="val", tile=cfg.val_tile, on_error=d.on_error, clip=clip)
         except ValueError as exc:
             if "HR-only" in str(exc):  # the dataset's advice (lr='bicubic') is not a train setting
                 raise ConfigError(
@@ -415,8 +417,12 @@ def _loop(
     degrade = cfg.dataset.degrade
     degrader = Degrader(degrade).to(ctx.device) if degrade is not None else None
     bar = progress_bar(ctx, total, step)
+    clips = cfg.dataset.clip is not None  # validated per clip (REDS4), not per image
     if val_ds is not None and state is None:  # the baseline, once: wdsr plot's reference line
-        log_bicubic(ctx, metrics, bar, bicubic_baseline(val_ds, cfg, ctx, channels))
+        if clips:
+            log_bicubic(ctx, metrics, bar, bicubic_clips(val_ds, cfg, ctx, channels), unit="clips")
+        else:
+            log_bicubic(ctx, metrics, bar, bicubic_baseline(val_ds, cfg, ctx, channels))
     win = Window(time.perf_counter(), 0.0, 0, torch.zeros((), device=ctx.device))
     last_ckpt = step if state is not None else -1
     vote = Vote(ctx, cfg.ckpt_minutes)
@@ -449,7 +455,8 @@ def _loop(
                     if step % cfg.log_every == 0 or step == total or verdict.stop:
                         log_window(cfg, ctx, metrics, bar, win, step, epoch, step_lr)
                     if val_ds is not None and step % cfg.val_every == 0:
-                        log_val(cfg, ctx, metrics, bar, validate(m.model, val_ds, cfg, ctx), step, epoch)
+                        sums = validate_clips(m.model, val_ds, cfg, ctx) if clips else validate(m.model, val_ds, cfg, ctx)
+                        log_val(cfg, ctx, metrics, bar, sums, step, epoch, unit="clips" if clips else "images")
                         win.t = time.perf_counter()
                     periodic = cfg.ckpt_every and step % cfg.ckpt_every == 0
                     if periodic or step == total or verdict.stop or verdict.checkpoint_due:

@@ -22,7 +22,8 @@ from wdsr.train.upsample import MatlabBicubic
 _TILES_AT_ONCE = 16
 
 
-def _quantise(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def quantise(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Float SR in [0, 1] -> ``like``'s integer type (uint8 or uint16), clamped and rounded."""
     top = 65535.0 if like.dtype == torch.uint16 else 255.0
     q = (x.float().clamp(0, 1) * top).round()
     return q.to(torch.int32).to(like.dtype) if like.dtype == torch.uint16 else q.to(like.dtype)
@@ -55,7 +56,7 @@ def validate(model: nn.Module, val: SRDataset, cfg: Any, ctx: Any) -> list[float
             if sample.boxes is not None:
                 sr = stitch(sr, sample.boxes, scale, sample.lr_size)[None]
                 hr = stitch(hr.float(), sample.boxes, scale, sample.lr_size).round().to(hr.dtype)[None]
-            sr_q = _quantise(sr[0], hr)
+            sr_q = quantise(sr[0], hr)
             psnr += psnr_y(sr_q, hr[0], crop_border=scale)
             ssim += ssim_y(sr_q, hr[0], crop_border=scale)
             n += 1
