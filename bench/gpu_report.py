@@ -66,7 +66,7 @@ def _degrader_table(rows: list[dict[str, Any]], device: str) -> str:
         (r["name"], f"{r['cpu_ms']:.1f}", f"{r['device_ms']:.1f}", f"{r['max_abs_diff']:.3g}", r["bound_note"], within(r))
         for r in rows
     ]
-    return md_table(["", "cpu ms", f"{device} ms", f"max abs diff {device} - cpu", "bound", "within"], cells)
+    return md_table(["", "cpu ms (reference)", f"{device} ms", f"max abs diff {device} - cpu", "bound", "within"], cells)
 
 
 def _loader_table(rows: list[dict[str, Any]]) -> str:
@@ -96,7 +96,7 @@ def sections(raw: dict[str, Any]) -> list[str]:
         ("Each model alone on a fixed batch (what the loader has to feed):", raw["alone"] and _alone_table(raw["alone"])),
         ("The loader alone (no model; `wdsr bench`'s harness):", raw["loader"] and _loader_table(raw["loader"])),
         (
-            f"The Degrader on {n} x {side}^2 real-photo patches, {dev} against the CPU ({raw['threads']} threads), "
+            f"The Degrader on {n} x {side}^2 real-photo patches, {dev} against the CPU (torch threads: {raw['threads']}), "
             f"best of {s['repeat']}, TF32 off:",
             raw["degrader"]["ops"] and _degrader_table(raw["degrader"]["ops"], dev),
         ),
