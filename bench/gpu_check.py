@@ -102,10 +102,14 @@ class Budget:
 
     def __init__(self, seconds: float, clock: Callable[[], float] = time.perf_counter) -> None:
         self.clock = clock
-        self.end = clock() + seconds
+        self.start = clock()
+        self.end = self.start + seconds
 
     def left(self) -> float:
         return self.end - self.clock()
+
+    def spent(self) -> float:
+        return self.clock() - self.start
 
     def share(self, runs: int, least: float) -> float | None:
         """Seconds for the next of ``runs`` runs still to do: an equal part of what is left; when that is
@@ -277,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if made_cache:
             shutil.rmtree(data.cache, ignore_errors=True)
     command = " ".join(["python -m bench.gpu_check", *(sys.argv[1:] if argv is None else argv)])
-    meta = gpu_report.meta(device, s, data, time.perf_counter() - (budget.end - s.budget_s), command)
+    meta = gpu_report.meta(device, s, data, budget.spent(), command)
     text, raw = gpu_report.render(meta, done, skipped + late, target(done))
     gpu_report.write(Path(args.out), text, raw)
     bad = [k for k, v in gpu_report.numbers(raw) if not math.isfinite(v)]

@@ -47,12 +47,19 @@ def _cache(on: bool) -> str:
     return "warm" if on else "off"
 
 
-def _train_table(rows: list[dict[str, Any]]) -> str:
-    head = ["model", "workers", "decoded cache", "ms/step", "compute ms/step", "data_wait", "data_wait, epoch starts left out"]
-    head += ["patches/s", "steps", "epoch starts"]
+def _train_table(rows: list[dict[str, Any]], alone: list[dict[str, Any]]) -> str:
+    """The training runs; "of the model alone": their patches/s over the model's alone on a fixed batch
+    (100%: the GPU never waited, whatever data_wait says while queued steps still run on the device)."""
+    rate = {r["model"]: r["patches_per_s"] for r in alone}
+
+    def of_alone(r: dict[str, Any]) -> str:
+        return _pct(r["patches_per_s"] / rate[r["model"]]) if rate.get(r["model"]) else "-"
+
+    head = ["model", "workers", "decoded cache", "ms/step", "data_wait", "data_wait, epoch starts left out", "patches/s"]
+    head += ["of the model alone", "steps", "epoch starts"]
     cells = [
-        (r["model"], r["workers"], _cache(r["cache"]), f"{r['step_ms']:.1f}", f"{r['compute_ms']:.1f}", _pct(r["data_wait"]))
-        + (_pct(r["data_wait_steady"]), f"{r['patches_per_s']:.0f}", r["steps"], r["epoch_starts"])
+        (r["model"], r["workers"], _cache(r["cache"]), f"{r['step_ms']:.1f}", _pct(r["data_wait"]), _pct(r["data_wait_steady"]))
+        + (f"{r['patches_per_s']:.0f}", of_alone(r), r["steps"], r["epoch_starts"])
         for r in rows
     ]
     return md_table(head, cells)
@@ -91,7 +98,7 @@ def sections(raw: dict[str, Any]) -> list[str]:
         (
             "Training, a step as `wdsr train` takes it; data_wait as it logs it (seconds waiting for the next batch over "
             "the seconds of the window):",
-            raw["train"] and _train_table(raw["train"]),
+            raw["train"] and _train_table(raw["train"], raw["alone"]),
         ),
         ("Each model alone on a fixed batch (what the loader has to feed):", raw["alone"] and _alone_table(raw["alone"])),
         ("The loader alone (no model; `wdsr bench`'s harness):", raw["loader"] and _loader_table(raw["loader"])),

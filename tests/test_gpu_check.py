@@ -62,6 +62,7 @@ def test_the_dry_run_reports_every_section_with_finite_numbers(dry_run: tuple[st
         assert 0 <= r["data_wait"] <= 1 and r["steps"] >= raw["settings"]["min_steps"] and r["patches_per_s"] > 0
     for head in (
         "| model | workers | decoded cache | ms/step |",
+        "| of the model alone |",
         "| model | ms/step | patches/s |",
         "| workers | decoded cache | patches/s |",
     ):
