@@ -93,7 +93,14 @@ class BuildError(ShardmakerError):
 
 
 # optional packages a command may need -> the extra of pyproject.toml that installs them
-EXTRAS = {"av": "video", "imagecodecs": "tiff", "tensorboard": "tensorboard", "s3fs": "s3", "simplejpeg": "jpeg"}
+EXTRAS = {
+    "av": "video",
+    "imagecodecs": "tiff",
+    "tensorboard": "tensorboard",
+    "s3fs": "s3",
+    "simplejpeg": "jpeg",
+    "spandrel": "zoo",
+}
 
 
 class MissingExtraError(ShardmakerError, ValueError):
