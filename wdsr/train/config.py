@@ -13,11 +13,13 @@ spellings, or at the top and under ``dataset:``) is an error naming both.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import json
 import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -32,7 +34,7 @@ from wdsr.pipeline.clips import ClipConfig
 from wdsr.store.remote import Retry
 from wdsr.train.checkpoint import FORMAT, RunDir
 from wdsr.train.models import ModelName
-from wdsr.train.zoo import PREFIX, ZooModel, check_buildable, lookup, parse_args
+from wdsr.train.zoo import PREFIX, ZooError, ZooModel, check_buildable, lookup, parse_args
 from wdsr.train.zooload import load_file as load_model_file
 
 log = logging.getLogger("wdsr")
@@ -113,8 +115,9 @@ class TrainConfig:
     device: Device = Device.AUTO
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "model", _model(self.model))
-        object.__setattr__(self, "model_args", _model_args(self.model_args))
+        with _as_config_error():
+            object.__setattr__(self, "model", _model(self.model))
+            object.__setattr__(self, "model_args", parse_args(self.model_args) or None)
         for f in dataclasses.fields(self):
             if f.name not in ("dataset", "model", "model_args"):
                 object.__setattr__(self, f.name, _coerce(f.name, f.type, getattr(self, f.name)))
@@ -127,7 +130,8 @@ class TrainConfig:
         if self.dataset.split.value != "train":
             raise ConfigError("the train set's DatasetConfig must have split='train' (--val-data is the val set)")
         _check_clip_model(self)
-        _check_zoo(self)
+        with _as_config_error():
+            _check_zoo(self)
 
     def __getattr__(self, name: str) -> Any:  # cfg.patch_size and the like: moved to cfg.dataset (0.2)
         if name in DATASET_KEYS:
@@ -161,8 +165,13 @@ def _model(value: Any) -> ModelName | ZooModel:
     raise ConfigError(f"--model: {brief(value)} is not one of {known}, or spandrel:NAME (docs/models.md)")
 
 
-def _model_args(value: Any) -> dict[str, Any] | None:
-    return parse_args(value) or None
+@contextlib.contextmanager
+def _as_config_error() -> Iterator[None]:
+    """A spandrel model's error (``wdsr.train.zoo.ZooError``) as a ConfigError: the same one line, exit 2."""
+    try:
+        yield
+    except ZooError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_zoo(cfg: TrainConfig) -> None:
@@ -593,7 +602,12 @@ def _from_init(merged: dict[str, Any]) -> None:
     path = merged["init"]
     if not isinstance(path, str) or len(path) > MAX_PATH_CHARS:
         raise ConfigError(f"--init must be a model file name, got {brief(path)}")
-    desc = load_model_file(path)
+    try:
+        desc = load_model_file(path)
+    except OSError as exc:
+        raise ConfigError(f"--init {path}: cannot read ({exc.strerror or exc})") from None
+    except ValueError as exc:  # ZooError, InputError (a folder, a FIFO)
+        raise ConfigError(str(exc) if str(exc).startswith(path) else f"--init {exc}") from None
     model, scale = PREFIX + desc.architecture.id, desc.scale
     given = merged.get("model")
     if given is not None and given != model and _plain(given) != model:
