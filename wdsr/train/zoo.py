@@ -27,7 +27,7 @@ from shardmaker.errors import brief, require_extra
 log = logging.getLogger("wdsr")
 PREFIX = "spandrel:"
 _SCALE_ARGS = ("upscale", "scale", "upscale_factor", "up_scale", "upscaling_factor")  # how archs name their scale
-_IN_ARGS = ("num_in_ch", "in_nc", "in_chans", "in_channels", "in_ch")  # ... and their input channels
+_IN_ARGS = ("num_in_ch", "in_nc", "in_chans", "in_channels", "in_ch", "inp_channels")  # ... and their input channels
 _OUT_ARGS = ("num_out_ch", "out_nc", "out_chans", "out_channels", "out_ch")
 _PLAIN = (bool, int, float, str, type(None))
 MAX_ARGS_CHARS = 4096
