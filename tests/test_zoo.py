@@ -28,11 +28,12 @@ from wdsr.tools.upscale import load_model, upscale_image
 from wdsr.train.checkpoint import RunDir
 from wdsr.train.config import make_config
 from wdsr.train.zoo import ZooModel, parse_args
-from wdsr.train.zooload import for_run
+from wdsr.train.zooload import build, for_run
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("spandrel") is None, reason="spandrel: the Makefile installs it (--no-deps)"),
     pytest.mark.filterwarnings("ignore:torch.meshgrid:UserWarning"),  # SwinIR's own call
+    pytest.mark.filterwarnings("ignore:Initializing zero-element tensors:UserWarning"),  # a tiny CRAFT's empty layer
 ]
 
 # each architecture as small as it builds: (name, --model-args)
@@ -208,3 +209,15 @@ def test_a_model_mapping_in_the_config_file(tmp_path):
     cfg = make_config({"config": str(tmp_path / "c.yaml"), "data": "d", "out": "o", "scale": 4})
     assert cfg.model == ZooModel("SPAN") and cfg.model_args == {"feature_channels": 8}
     assert cfg.dict["model"] == "spandrel:SPAN"
+
+
+def test_build_by_name_is_what_train_builds():
+    torch.manual_seed(0)
+    net = build("spandrel:SPAN", 2, args={"feature_channels": 8})
+    assert type(net).__name__ == "SPAN" and net(torch.rand(1, 3, 8, 9)).shape == (1, 3, 16, 18)
+
+
+def test_train_help_says_how_to_name_spandrel_models(capsys):
+    assert main(["train", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "spandrel:ARCH" in text and "spandrel:SPAN" in text and "--model-args" in text and "--init FILE" in text

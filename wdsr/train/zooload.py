@@ -16,7 +16,7 @@ from torch import nn
 
 from shardmaker import storage
 from wdsr.train.padding import padded
-from wdsr.train.zoo import ZooError, ZooModel, construct, describe, lookup, options, rebuild, record, spandrel
+from wdsr.train.zoo import PREFIX, ZooError, ZooModel, construct, describe, lookup, options, rebuild, record, spandrel
 
 FILE_SUFFIXES = (".safetensors", ".pth", ".ckpt")  # model files (wdsr train's checkpoints are .pt)
 
@@ -82,3 +82,10 @@ def for_run(
         )
     net.train()
     return net, padded(net, desc), record(net, model.arch)
+
+
+def build(name: str, scale: int, channels: int = 3, args: Mapping[str, Any] | None = None) -> nn.Module:
+    """``spandrel:NAME`` (or ``NAME``) x``scale``, freshly initialised, checked and padded to its size
+    requirements: what ``wdsr train --model spandrel:NAME --model-args ...`` trains (``bench/gpu_check.py``)."""
+    model = ZooModel(name[len(PREFIX) :] if name.startswith(PREFIX) else name)
+    return for_run(model, args or {}, None, scale, channels, None, f"--model {model.value}")[1]
