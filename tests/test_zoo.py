@@ -27,6 +27,7 @@ from wdsr.tools.export import state_bytes
 from wdsr.tools.upscale import load_model, upscale_image
 from wdsr.train.checkpoint import RunDir
 from wdsr.train.config import make_config
+from wdsr.train.padding import bare
 from wdsr.train.zoo import ZooModel, parse_args
 from wdsr.train.zooload import build, for_run
 
@@ -215,6 +216,8 @@ def test_build_by_name_is_what_train_builds():
     torch.manual_seed(0)
     net = build("spandrel:SPAN", 2, args={"feature_channels": 8})
     assert type(net).__name__ == "SPAN" and net(torch.rand(1, 3, 8, 9)).shape == (1, 3, 16, 18)
+    rrdb = build("spandrel:RRDBNet", 2, args={"num_blocks": 1, "num_filters": 8})  # a class name: ESRGAN's
+    assert type(bare(rrdb)).__name__ == "RRDBNet" and rrdb(torch.rand(1, 3, 8, 9)).shape == (1, 3, 16, 18)
 
 
 def test_train_help_says_how_to_name_spandrel_models(capsys):

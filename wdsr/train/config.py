@@ -604,13 +604,13 @@ def _from_init(merged: dict[str, Any]) -> None:
         raise ConfigError(f"--init must be a model file name, got {brief(path)}")
     try:
         desc = load_model_file(path)
-    except OSError as exc:
-        raise ConfigError(f"--init {path}: cannot read ({exc.strerror or exc})") from None
     except ValueError as exc:  # ZooError, InputError (a folder, a FIFO)
         raise ConfigError(str(exc) if str(exc).startswith(path) else f"--init {exc}") from None
     model, scale = PREFIX + desc.architecture.id, desc.scale
     given = merged.get("model")
-    if given is not None and given != model and _plain(given) != model:
+    with _as_config_error():  # a class name (spandrel:RRDBNet) names its architecture (ESRGAN)
+        same = isinstance(given, str) and given.startswith(PREFIX) and lookup(given[len(PREFIX) :])[0] == model[len(PREFIX) :]
+    if given is not None and not same:
         raise ConfigError(f"--init {path}: a {model} model; --model {brief(_plain(given))} disagrees (leave --model out)")
     if merged.get("scale") is not None and merged["scale"] != scale:
         raise ConfigError(f"--init {path}: a x{scale} model; --scale {brief(merged['scale'])} disagrees (leave --scale out)")

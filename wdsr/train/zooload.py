@@ -24,7 +24,10 @@ FILE_SUFFIXES = (".safetensors", ".pth", ".ckpt")  # model files (wdsr train's c
 def read_state_dict(path: str) -> dict[str, torch.Tensor]:
     """A model file's tensors (``.safetensors``, or ``.pth``/``.ckpt`` read with ``weights_only``), as spandrel
     canonicalises them (``params_ema``, ``module.`` prefixes)."""
-    data = storage.read_local(path)
+    try:
+        data = storage.read_local(path)
+    except OSError as exc:
+        raise ZooError(f"{path}: cannot read ({exc.strerror or exc})") from None
     try:
         if path.lower().endswith(".safetensors"):
             from safetensors.torch import load as load_safetensors
@@ -66,13 +69,14 @@ def for_run(
     ``saved`` record (a resume: never from the --init file), else loaded from ``init``, else built fresh."""
     what = f"--model {model.value}"
     if saved is not None:
-        net = rebuild(saved, where)
+        net, arch = rebuild(saved, where), str(saved["arch"])
     elif init:
-        net, what = load_file(init).model, f"--init {init}"
+        found = load_file(init)
+        net, arch, what = found.model, found.architecture.id, f"--init {init}"
     else:
-        _, cls, _ = lookup(model.arch)
+        arch, cls, _ = lookup(model.arch)  # an id, or a class name (RRDBNet: ESRGAN)
         net = construct(cls, options(model, scale, channels, args), what)
-    desc = describe(net, model.arch, what)
+    desc = describe(net, arch, what)
     if desc.scale != scale:
         raise ZooError(f"{what}: a x{desc.scale} model, not --scale {scale}")
     if desc.input_channels != channels or desc.output_channels != channels:
@@ -81,7 +85,7 @@ def for_run(
             "(set its channels in --model-args)"
         )
     net.train()
-    return net, padded(net, desc), record(net, model.arch)
+    return net, padded(net, desc), record(net, arch)
 
 
 def build(name: str, scale: int, channels: int = 3, args: Mapping[str, Any] | None = None) -> nn.Module:
