@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-import logging
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -24,7 +23,6 @@ from torch import nn
 
 from shardmaker.errors import brief, require_extra
 
-log = logging.getLogger("wdsr")
 PREFIX = "spandrel:"
 _SCALE_ARGS = ("upscale", "scale", "upscale_factor", "up_scale", "upscaling_factor")  # how archs name their scale
 _IN_ARGS = ("num_in_ch", "in_nc", "in_chans", "in_channels", "in_ch", "inp_channels")  # ... and their input channels

@@ -8,6 +8,7 @@ spandrel (architecture, options and scale from the weights' names and shapes).
 from __future__ import annotations
 
 import io
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +19,7 @@ from shardmaker import storage
 from wdsr.train.padding import padded
 from wdsr.train.zoo import PREFIX, ZooError, ZooModel, construct, describe, lookup, options, rebuild, record, spandrel
 
+log = logging.getLogger("wdsr")
 FILE_SUFFIXES = (".safetensors", ".pth", ".ckpt")  # model files (wdsr train's checkpoints are .pt)
 
 
@@ -85,6 +87,8 @@ def for_run(
             "(set its channels in --model-args)"
         )
     net.train()
+    params = sum(p.numel() for p in net.parameters())
+    log.info("%s: spandrel %s x%d, %.2fM parameters%s", what, arch, desc.scale, params / 1e6, " (resumed)" * (saved is not None))
     return net, padded(net, desc), record(net, arch)
 
 
