@@ -224,3 +224,25 @@ def test_train_help_says_how_to_name_spandrel_models(capsys):
     assert main(["train", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "spandrel:ARCH" in text and "spandrel:SPAN" in text and "--model-args" in text and "--init FILE" in text
+
+
+def test_a_file_that_is_not_an_sr_model_is_refused_with_the_reason(photo_shards, tmp_path, capsys):
+    from spandrel.architectures.Compact import Compact
+
+    (tmp_path / "garbage.pth").write_bytes(b"not a model")
+    (tmp_path / "denoise.safetensors").write_bytes(
+        state_bytes(Compact(num_feat=8, num_conv=2, upscale=1).state_dict(), ".safetensors")
+    )
+    (tmp_path / "other.pth").write_bytes(state_bytes({"conv.weight": torch.zeros(8, 3, 3, 3)}, ".pth"))
+    (tmp_path / "model.onnx").write_bytes(b"x")
+    cases = {
+        "garbage.pth": "garbage.pth: not a readable model file (UnpicklingError",
+        "denoise.safetensors": "denoise.safetensors: a Restoration model x1 (Compact); wdsr trains and runs SR models",
+        "other.pth": "other.pth: spandrel does not recognise this model (no architecture it knows has these weights' names)",
+        "model.onnx": "model.onnx: a model file is .safetensors, .pth, .ckpt",
+        "missing.pth": "missing.pth: cannot read (No such file or directory)",
+    }
+    for name, message in cases.items():
+        assert main(["train", "--data", str(photo_shards), "--out", str(tmp_path / "r"), "--init", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and message in err, err

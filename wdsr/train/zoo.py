@@ -204,7 +204,8 @@ def describe(net: nn.Module, arch: str, what: str) -> Any:
     try:
         desc = spandrel().MAIN_REGISTRY.load(state)
     except Exception as exc:  # noqa: BLE001 - UnsupportedModelError, or an architecture's own check
-        raise ZooError(f"{what}: spandrel does not recognise these weights ({type(exc).__name__}: {str(exc)[:120]})") from None
+        why = f"{type(exc).__name__}: {str(exc)[:120]}" if str(exc) else "no architecture it knows has these names"
+        raise ZooError(f"{what}: spandrel does not recognise these weights ({why})") from None
     if desc.architecture.id != arch:
         raise ZooError(f"{what}: spandrel reads these weights as {desc.architecture.id}, not {arch}; choose other options")
     if desc.purpose != "SR" or desc.scale < 2:

@@ -58,7 +58,8 @@ def load_file(path: str) -> Any:
     try:
         desc = spandrel().MAIN_REGISTRY.load(state)
     except Exception as exc:  # noqa: BLE001 - UnsupportedModelError, or an architecture's own check
-        raise ZooError(f"{path}: spandrel does not recognise this model ({type(exc).__name__}: {str(exc)[:120]})") from None
+        why = f"{type(exc).__name__}: {str(exc)[:120]}" if str(exc) else "no architecture it knows has these weights' names"
+        raise ZooError(f"{path}: spandrel does not recognise this model ({why})") from None
     if desc.purpose != "SR" or desc.scale < 2:
         raise ZooError(f"{path}: a {desc.purpose} model x{desc.scale} ({desc.architecture.id}); wdsr trains and runs SR models")
     return desc
