@@ -157,6 +157,15 @@ def test_export_is_what_spandrel_loads_back_with_identical_outputs(photo_shards,
     assert main(["export", str(out), "-o", str(target)]) == 2  # exists: never replaced without --overwrite
     assert "exists; give --overwrite" in capsys.readouterr().err
     assert main(["export", str(out), "-o", str(target), "--overwrite"]) == 0
+    espcn = ["train", "--data", str(photo_shards), "--out", str(tmp_path / "espcn"), "--model", "espcn", *TINY, *QUIET]
+    assert main([*espcn, "--steps", "1"]) == 0
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "espcn"), "-o", str(tmp_path / "espcn.pth")]) == 2  # wdsr's own model
+    assert (
+        "espcn is wdsr's own model, used from its checkpoints (wdsr upscale RUN); wdsr export writes spandrel"
+        in capsys.readouterr().err
+    )
+    assert not (tmp_path / "espcn.pth").exists()
 
 
 def test_upscale_of_a_file_model_equals_the_model_on_the_whole_image(files, tmp_path, capsys):

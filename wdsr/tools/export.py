@@ -46,8 +46,8 @@ def export(source: str, output: str, overwrite: bool = False) -> str:
     m = load_model(source)
     if not m.name.startswith(PREFIX):
         raise RunError(
-            f"{m.source}: a {m.name} run; wdsr export writes spandrel models (--model spandrel:NAME or --init runs), "
-            "and wdsr's own models are used from their checkpoints (wdsr upscale RUN)"
+            f"{m.source}: {m.name} is wdsr's own model, used from its checkpoints (wdsr upscale RUN); wdsr export "
+            "writes spandrel models (runs of --model spandrel:NAME or --init)"
         )
     arch = m.name[len(PREFIX) :]
     net = bare(m.model)
