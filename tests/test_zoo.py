@@ -157,6 +157,8 @@ def test_export_is_what_spandrel_loads_back_with_identical_outputs(photo_shards,
     assert main(["export", str(out), "-o", str(target)]) == 2  # exists: never replaced without --overwrite
     assert "exists; give --overwrite" in capsys.readouterr().err
     assert main(["export", str(out), "-o", str(target), "--overwrite"]) == 0
+    assert main(["train", "--out", str(out), "--resume", "--steps", "3", "--model-args", "feature_channels=16"]) == 2
+    assert "was trained with model_args={'feature_channels': 8}" in capsys.readouterr().err  # the weights would not fit
     espcn = ["train", "--data", str(photo_shards), "--out", str(tmp_path / "espcn"), "--model", "espcn", *TINY, *QUIET]
     assert main([*espcn, "--steps", "1"]) == 0
     capsys.readouterr()
