@@ -14,6 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e '.[dev,demo]'
 	$(PY) -m pip install -q --no-deps --no-build-isolation basicsr==1.4.2   # for tests/test_integrations_basicsr.py; its pins would replace torch
+	$(PY) -m pip install -q --no-deps spandrel==0.4.2   # for tests/test_zoo.py; its torchvision would replace torch (tests stub it)
 	touch $@
 
 demo: $(VENV)/.installed

@@ -100,6 +100,7 @@ EXTRAS = {
     "s3fs": "s3",
     "simplejpeg": "jpeg",
     "scikit-image": "demo",
+    "spandrel": "zoo",
 }
 
 

@@ -336,3 +336,47 @@ def same_batches(a: list, b: list) -> bool:
     return len(a) == len(b) and all(
         torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2] for x, y in zip(a, b, strict=True)
     )
+
+
+# ---- torchvision stub ---------------------------------------------------------------------------
+# The registry's torchvision wheels need a CUDA torch and this machine has torch+cpu. basicsr and spandrel
+# import torchvision at module level (spandrel: LaMa's rotate/InterpolationMode, RestoreFormer's normalize)
+# and the paths tested call none of it: every stub function raises, so a call fails the test loudly.
+_STUB_RAISE = "(*a, **k):\n    raise NotImplementedError('torchvision stub')\n"
+TORCHVISION_STUB = {
+    "torchvision/__init__.py": "__version__ = '0.0+stub'\n",
+    "torchvision/transforms/__init__.py": "",
+    "torchvision/transforms/functional.py": "import enum\n\n\nclass InterpolationMode(enum.Enum):\n    NEAREST = 'nearest'\n"
+    "    BILINEAR = 'bilinear'\n\n\ndef rotate" + _STUB_RAISE + "\n\ndef normalize" + _STUB_RAISE,
+    "torchvision/transforms/_functional_tensor.py": "def rgb_to_grayscale" + _STUB_RAISE,
+    "torchvision/models/__init__.py": "from . import vgg\n",
+    "torchvision/models/vgg.py": "",
+    "torchvision/utils.py": "def make_grid" + _STUB_RAISE,
+}
+
+
+def write_torchvision_stub(root: Path) -> Path:
+    """The stub package under ``root`` (put ``root`` first on PYTHONPATH / sys.path); returns ``root``."""
+    for name, text in TORCHVISION_STUB.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def import_with_torchvision_stub(module: str, root: Path) -> None:
+    """``import module`` (spandrel) with the stub standing in for a missing torchvision, which lives in
+    ``sys.modules`` only during the import: other tests still see no torchvision. A no-op where the real
+    torchvision is installed."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is not None:
+        importlib.import_module(module)
+        return
+    sys.path.insert(0, str(write_torchvision_stub(root)))
+    try:
+        importlib.import_module(module)
+    finally:
+        sys.path.remove(str(root))
+        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+            del sys.modules[name]

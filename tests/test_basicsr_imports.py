@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.helpers import ROOT
-from tests.test_integrations_basicsr import STUB
+from tests.helpers import TORCHVISION_STUB as STUB
 from wdsr.integrations.basicsr import torchvision_pin
 
 BLOCK = "raise ModuleNotFoundError(\"No module named '{0}'\", name='{0}')\n"

@@ -21,24 +21,12 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers import ROOT, photos, save
+from tests.helpers import ROOT, photos, save, write_torchvision_stub
 from tests.s3server import free_port
 
 needs_basicsr = pytest.mark.skipif(
     importlib.util.find_spec("basicsr") is None, reason="basicsr: the Makefile installs it (--no-deps)"
 )
-
-RAISE = "(*a, **k):\n    raise NotImplementedError('torchvision stub')\n"
-STUB = {  # torchvision, as far as `import basicsr` reaches
-    "torchvision/__init__.py": "__version__ = '0.0+stub'\n",
-    "torchvision/transforms/__init__.py": "",
-    "torchvision/transforms/functional.py": "def normalize" + RAISE,
-    "torchvision/transforms/_functional_tensor.py": "def rgb_to_grayscale" + RAISE,
-    "torchvision/models/__init__.py": "from . import vgg\n",
-    "torchvision/models/vgg.py": "",
-    "torchvision/utils.py": "def make_grid" + RAISE,
-}
-
 
 def options(shards: Path, val: Path, total_iter: int) -> dict:
     """A tiny EDSR x4 run: 10 images x 4 patches / batch 5 = 8 iterations per epoch, so the checkpoint
@@ -104,9 +92,7 @@ def weights(cwd: Path, it: int) -> dict[str, torch.Tensor]:
 
 @pytest.fixture()
 def setup(tmp_path: Path) -> Path:
-    for name, text in STUB.items():
-        (tmp_path / "stub" / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "stub" / name).write_text(text)
+    write_torchvision_stub(tmp_path / "stub")  # torchvision, as far as `import basicsr` reaches
     for i, img in enumerate(photos()[:2]):  # BasicSR's validation: HR 64 px, LR 16 px, same names
         hr = img[100:164, 100:164].copy()
         save(tmp_path / "val/hr" / f"v{i}.png", hr)

@@ -135,7 +135,7 @@ def test_config_file_keys_are_flag_names_and_flags_win(tmp_path):
         ("no manifest", ["--data", "{tmp}/nothing"], "no manifest.json"),
         ("missing scale", ["--scale", "3"], "no x3 LR"),
         ("patch not a multiple", ["--patch-size", "50"], "--patch-size 50 must be a positive multiple of --scale 4"),
-        ("unknown model", ["--model", "rcan"], "invalid choice: 'rcan'"),
+        ("unknown model", ["--model", "rcan"], "--model: 'rcan' is not one of edsr-baseline, espcn, tinyvsr, or spandrel:NAME"),
         ("unknown config key", ["--config", "{tmp}/bad.yaml"], "unknown setting 'learning_rate'"),
         ("steps and epochs", ["--steps", "3", "--epochs", "1"], "not both"),
         ("batch larger than a worker's patches", ["--batch-size", "64", "-k", "1", "--workers", "4"], "lower batch_size"),

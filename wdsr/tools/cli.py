@@ -1,4 +1,4 @@
-"""``wdsr`` command line: ``bench``, ``preview``, ``train``, ``cache``, ``upscale``, ``plot``.
+"""``wdsr`` command line: ``bench``, ``preview``, ``train``, ``cache``, ``upscale``, ``export``, ``plot``.
 
 Parsing only; the work is elsewhere."""
 
@@ -162,12 +162,16 @@ def _preview_parser(sub: Any) -> None:
 def _tool_parsers(sub: Any) -> None:
     u = sub.add_parser(
         "upscale",
-        help="apply a model trained by wdsr train to images of any size (tiled), optionally scored against HR",
+        help="apply a model (wdsr train's, or a spandrel-loadable file) to images of any size (tiled), optionally vs HR",
         description="Read the checkpoint (a file, or a run folder's newest), build its model and upscale each image "
         "(PNG/JPEG/TIFF/BMP/WebP, 8/16-bit, grey/RGB) to OUT/<name>.png with the same depth, in overlapping LR tiles. "
         "--hr DIR prints PSNR-Y / SSIM-Y (border = scale) against the HR images of the same names.",
     )
-    u.add_argument("checkpoint", metavar="CKPT_OR_RUN", help="checkpoints/step-N.pt or a wdsr train run folder")
+    u.add_argument(
+        "checkpoint",
+        metavar="MODEL",
+        help="checkpoints/step-N.pt, a wdsr train run folder, or any spandrel-loadable SR model file (.pth, .safetensors)",
+    )
     u.add_argument(
         "images",
         metavar="IMAGES",
@@ -203,6 +207,15 @@ def _tool_parsers(sub: Any) -> None:
         help="IMAGES is one clip (a video file or a folder of frames): write it as a lossless FFV1 video, -o OUT.mkv "
         "(without it a clip becomes OUT/frame_000000.png ...)",
     )
+    e = sub.add_parser(
+        "export",
+        help="write a run's spandrel model as a plain state dict (.safetensors or .pth) that spandrel and chaiNNer load",
+        description="Read the run's newest checkpoint (or a checkpoint file) of a --model spandrel:NAME or --init run and "
+        "write its weights under the architecture's own names; spandrel detects the architecture and scale from them.",
+    )
+    e.add_argument("run", metavar="RUN", help="a wdsr train run folder, or one of its checkpoints/step-N.pt")
+    e.add_argument("-o", "--output", required=True, metavar="FILE", help="FILE.safetensors or FILE.pth")
+    e.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
     g = sub.add_parser(
         "plot",
         help="draw a run's curves (loss, lr, PSNR/SSIM-Y, patches/s, data_wait) from metrics.jsonl as a PNG",
@@ -247,9 +260,25 @@ def _train_parser(sub: Any) -> None:
     t.add_argument("--config", metavar="FILE", help="YAML or JSON file of settings (keys = flag names)")
     t.add_argument(
         "--model",
-        choices=["edsr-baseline", "espcn", "tinyvsr"],
+        metavar="NAME",
         help="edsr-baseline (16 blocks x 64 ch) or espcn for image datasets; tinyvsr (a small recurrent "
-        f"BasicVSR-like model) for clip datasets, with --clip-frames (default {_default('model').value})",
+        "BasicVSR-like model) for clip datasets, with --clip-frames; or spandrel:ARCH, any SR architecture "
+        "spandrel builds (pip install 'wdsr[zoo]'), by its spandrel id or class name: spandrel:SPAN, "
+        "spandrel:ESRGAN (RRDBNet), spandrel:Compact (SRVGGNetCompact), spandrel:SwinIR, spandrel:HAT, spandrel:DAT, "
+        "spandrel:PLKSR, spandrel:RealPLKSR, ... (an unknown name lists them; docs/models.md) "
+        f"(default {_default('model').value})",
+    )
+    t.add_argument(
+        "--model-args",
+        metavar="K=V,...",
+        help="a spandrel architecture's options beyond its defaults, e.g. feature_channels=32 or "
+        "depths=[6,6],num_heads=[6,6] (in a config file: model: {name: spandrel:SwinIR, depths: [6, 6]})",
+    )
+    t.add_argument(
+        "--init",
+        metavar="FILE",
+        help="fine-tune a shared model: any spandrel-loadable .pth/.safetensors SR file; its architecture and scale "
+        "come from the file (--scale, if given, must agree); --resume continues from the run's checkpoint",
     )
     t.add_argument("--scale", type=int, help=f"upscaling factor; the data must hold this LR (default {_default('scale')})")
     t.add_argument(
@@ -504,6 +533,13 @@ def _upscale_clip(args: argparse.Namespace, m: Any) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from wdsr.tools.export import export
+
+    print(export(args.run, args.output, args.overwrite))
+    return 0
+
+
 def _plot(args: argparse.Namespace) -> int:
     from wdsr.tools.plot import plot_run
 
@@ -523,7 +559,15 @@ def _cache(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"bench": _bench, "preview": _preview, "train": _train, "cache": _cache, "upscale": _upscale, "plot": _plot}
+_COMMANDS = {
+    "bench": _bench,
+    "preview": _preview,
+    "train": _train,
+    "cache": _cache,
+    "upscale": _upscale,
+    "plot": _plot,
+    "export": _export,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,11 +30,14 @@ from shardmaker.errors import brief
 from shardmaker.imaging import Codec
 from wdsr.metrics import psnr_y, ssim_y
 from wdsr.pipeline.tiles import stitch, tile_boxes
-from wdsr.tools.ckptcheck import check_checkpoint
+from wdsr.tools.ckptcheck import check_checkpoint, check_shapes
 from wdsr.tools.references import IMAGE_EXTS, crop_reference, pair_references
 from wdsr.train.checkpoint import FORMAT, MAX_STEP, RunDir, RunError
 from wdsr.train.models import build_model, residual_of
+from wdsr.train.padding import padded
 from wdsr.train.validate import super_resolve
+from wdsr.train.zoo import describe, layout, rebuild
+from wdsr.train.zooload import FILE_SUFFIXES, load_file
 
 
 @dataclasses.dataclass
@@ -81,8 +84,15 @@ def _read_checkpoint(source: str) -> tuple[dict[str, Any], str]:
 
 
 def load_model(source: str, device: torch.device | str = "cpu") -> Loaded:
-    """Build the model a ``wdsr train`` checkpoint (file or run folder) names and load its weights."""
+    """Build the model a ``wdsr train`` checkpoint (file or run folder) names and load its weights; or any
+    spandrel-loadable SR model file (``.pth``, ``.safetensors``: :mod:`wdsr.train.zoo`)."""
+    if source.lower().endswith(FILE_SUFFIXES):
+        desc = load_file(source)
+        net = padded(desc.model, desc).to(device).eval()
+        return Loaded(net, desc.scale, desc.input_channels, f"spandrel:{desc.architecture.id}", source, 0)
     state, where = _read_checkpoint(source)
+    if isinstance(state.get("config"), dict) and "spandrel" in state["config"]:
+        return _load_zoo(state, where, device)
     name, scale, channels = check_checkpoint(state, where)  # before anything is built: the file is untrusted
     weights = state["model"]
     try:  # the checkpoint's variant (none: a run from before the field)
@@ -96,6 +106,21 @@ def load_model(source: str, device: torch.device | str = "cpu") -> Loaded:
         raise RunError(f"{where}: weights do not fit {name} x{scale} ({str(exc)[:160]})") from None
     model.to(device).eval()
     return Loaded(model, scale, channels, name, where, int(state.get("step", 0)))
+
+
+def _load_zoo(state: dict[str, Any], where: str, device: torch.device | str) -> Loaded:
+    """A ``--model spandrel:NAME`` run's checkpoint: its architecture laid out on the meta device and held to
+    the weights (nothing allocated for an untrusted record), then built, loaded and checked as spandrel sees it."""
+    rec = state["config"]["spandrel"]
+    weights = state["model"]
+    expected = layout(rec, where)
+    if expected is not None:
+        check_shapes(expected, weights, f"{where}: weights do not fit spandrel {brief(rec.get('arch'))}")
+    net = rebuild(rec, where)
+    net.load_state_dict(weights)
+    desc = describe(net, rec["arch"], where)
+    model = padded(net, desc).to(device).eval()
+    return Loaded(model, desc.scale, desc.input_channels, f"spandrel:{rec['arch']}", where, int(state.get("step", 0)))
 
 
 def pick_device(name: str) -> torch.device:

@@ -13,11 +13,13 @@ spellings, or at the top and under ``dataset:``) is an error naming both.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import json
 import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,8 @@ from wdsr.pipeline.clips import ClipConfig
 from wdsr.store.remote import Retry
 from wdsr.train.checkpoint import FORMAT, RunDir
 from wdsr.train.models import ModelName
+from wdsr.train.zoo import PREFIX, ZooError, ZooModel, check_buildable, lookup, parse_args
+from wdsr.train.zooload import load_file as load_model_file
 
 log = logging.getLogger("wdsr")
 
@@ -86,7 +90,9 @@ class TrainConfig:
     out: str
     dataset: DatasetConfig = dataclasses.field(default_factory=DatasetConfig)  # the train set's options
     val_data: str | None = None
-    model: ModelName = ModelName.EDSR_BASELINE
+    model: ModelName | ZooModel = ModelName.EDSR_BASELINE  # or spandrel:NAME (wdsr.train.zoo)
+    model_args: dict[str, Any] | None = None  # a spandrel architecture's options beyond its defaults
+    init: str | None = None  # a spandrel-loadable model file to start from (its architecture and scale)
     # the machine's cores, at most 8
     workers: int = bounded(default_factory=lambda: default_workers(), lo=0, hi=256, integer=True)
     steps: int | None = bounded(None, 1, BIG, integer=True)  # None (and no epochs): DEFAULT_STEPS
@@ -109,8 +115,11 @@ class TrainConfig:
     device: Device = Device.AUTO
 
     def __post_init__(self) -> None:
+        with _as_config_error():
+            object.__setattr__(self, "model", _model(self.model))
+            object.__setattr__(self, "model_args", parse_args(self.model_args) or None)
         for f in dataclasses.fields(self):
-            if f.name != "dataset":
+            if f.name not in ("dataset", "model", "model_args"):
                 object.__setattr__(self, f.name, _coerce(f.name, f.type, getattr(self, f.name)))
         if not isinstance(self.dataset, DatasetConfig):
             raise ConfigError(f"dataset must be a wdsr.DatasetConfig, got {type(self.dataset).__name__}")
@@ -121,6 +130,8 @@ class TrainConfig:
         if self.dataset.split.value != "train":
             raise ConfigError("the train set's DatasetConfig must have split='train' (--val-data is the val set)")
         _check_clip_model(self)
+        with _as_config_error():
+            _check_zoo(self)
 
     def __getattr__(self, name: str) -> Any:  # cfg.patch_size and the like: moved to cfg.dataset (0.2)
         if name in DATASET_KEYS:
@@ -138,6 +149,44 @@ class TrainConfig:
         clips["clip_interval"] = None if clip is None else list(clip.interval)
         degrade = registry.name_of(self.dataset.degrade)
         return {**out, **{name: _plain(getattr(self.dataset, name)) for name in DATASET_KEYS}, **clips, "degrade": degrade}
+
+
+def _model(value: Any) -> ModelName | ZooModel:
+    """``--model``: a built-in name, or ``spandrel:NAME`` (an SR architecture spandrel builds)."""
+    if isinstance(value, (ModelName, ZooModel)):
+        return value
+    if isinstance(value, str) and value.startswith(PREFIX):
+        model = ZooModel(value[len(PREFIX) :])
+        lookup(model.arch)
+        return model
+    if isinstance(value, str) and value in {m.value for m in ModelName}:
+        return ModelName(value)
+    known = ", ".join(m.value for m in ModelName)
+    raise ConfigError(f"--model: {brief(value)} is not one of {known}, or spandrel:NAME (docs/models.md)")
+
+
+@contextlib.contextmanager
+def _as_config_error() -> Iterator[None]:
+    """A spandrel model's error (``wdsr.train.zoo.ZooError``) as a ConfigError: the same one line, exit 2."""
+    try:
+        yield
+    except ZooError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _check_zoo(cfg: TrainConfig) -> None:
+    """--model-args and --init go with a spandrel model; its options build it (on the meta device)."""
+    if not isinstance(cfg.model, ZooModel):
+        for name, value in (("model_args", cfg.model_args), ("init", cfg.init)):
+            if value:
+                raise ConfigError(
+                    f"{flag(name)} is for spandrel models (--model spandrel:NAME); --model {cfg.model.value} is built in"
+                )
+        return
+    if cfg.init and cfg.model_args:
+        raise ConfigError("--model-args: --init takes the architecture and its options from the file")
+    if not cfg.init:
+        check_buildable(cfg.model, cfg.dataset.scale, 3, cfg.model_args or {})
 
 
 def _check_clip_model(cfg: TrainConfig) -> None:
@@ -206,7 +255,7 @@ def _check_flags(opts: dict[str, Any]) -> None:
 
 
 def _plain(v: Any) -> Any:
-    if isinstance(v, enum.Enum):
+    if isinstance(v, (enum.Enum, ZooModel)):
         return v.value
     return dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
 
@@ -409,6 +458,7 @@ def normalise_keys(d: dict[str, Any], where: str) -> dict[str, Any]:
     """Flag names (``patch-size``, ``patch_size``, ``k``; a ``dataset:`` mapping one level down) -> field
     names; an unknown name, or one setting given under two names, is an error naming them."""
     known = ({f.name for f in dataclasses.fields(TrainConfig)} | set(TRAIN_SET_KEYS)) - {"dataset"}
+    d = _model_mapping(d, where)
     items = [(key, value, "") for key, value in d.items() if key != "dataset"]
     if "dataset" in d:  # a ``dataset:`` mapping in a config file: the train set's options, one level down
         if not isinstance(d["dataset"], dict):
@@ -428,6 +478,19 @@ def normalise_keys(d: dict[str, Any], where: str) -> dict[str, Any]:
         given[name] = prefix + key
         out[name] = value
     return out
+
+
+def _model_mapping(d: dict[str, Any], where: str) -> dict[str, Any]:
+    """A config file's ``model: {name: spandrel:SPAN, feature_channels: 32}``: ``model`` and ``model_args``."""
+    if not isinstance(d.get("model"), dict):
+        return d
+    options = dict(d["model"])
+    if "name" not in options:
+        raise ConfigError(f"{where}: a model mapping needs name: (e.g. name: spandrel:SPAN), then the options")
+    if any(k in d for k in ("model_args", "model-args")):
+        raise ConfigError(f"{where}: give a spandrel model's options under model: or as model_args, not both")
+    name = options.pop("name")
+    return {**d, "model": name, "model_args": options}
 
 
 def _strict_yaml() -> Any:
@@ -504,7 +567,7 @@ def saved_settings(out: Any) -> dict[str, Any]:
         raise ConfigError(f"{out}/run.json: not a {FORMAT} run (its 'format' or 'config' is missing or wrong)")
     known = ({f.name for f in dataclasses.fields(TrainConfig)} | set(TRAIN_SET_KEYS)) - {"dataset", "out", *_FLAGS_ONLY}
     # "residual" is the model's variant, recorded beside the settings: a resume takes it from the checkpoint
-    unknown = [k for k in saved if k not in known and k not in ("out", "residual", *_FLAGS_ONLY)]
+    unknown = [k for k in saved if k not in known and k not in ("out", "residual", "spandrel", *_FLAGS_ONLY)]
     if unknown:
         log.warning("%s/run.json: settings this version does not know are left out: %s", out, brief(unknown))
     return normalise_keys({k: v for k, v in saved.items() if k in known}, f"{out}/run.json")
@@ -529,6 +592,27 @@ def _log_overrides(cfg: TrainConfig, saved: dict[str, Any]) -> None:
         log.warning("--resume: %s was %s in %s/run.json, now %s%s", flag(name), brief(old), cfg.out, brief(now.get(name)), note)
 
 
+def _from_init(merged: dict[str, Any]) -> None:
+    """``--init FILE``: ``model`` and ``scale`` from the file (spandrel's detection); one given that disagrees
+    is an error."""
+    path = merged["init"]
+    if not isinstance(path, str) or len(path) > MAX_PATH_CHARS:
+        raise ConfigError(f"--init must be a model file name, got {brief(path)}")
+    try:
+        desc = load_model_file(path)
+    except ValueError as exc:  # ZooError, InputError (a folder, a FIFO)
+        raise ConfigError(str(exc) if str(exc).startswith(path) else f"--init {exc}") from None
+    model, scale = PREFIX + desc.architecture.id, desc.scale
+    given = merged.get("model")
+    with _as_config_error():  # a class name (spandrel:RRDBNet) names its architecture (ESRGAN)
+        same = isinstance(given, str) and given.startswith(PREFIX) and lookup(given[len(PREFIX) :])[0] == model[len(PREFIX) :]
+    if given is not None and not same:
+        raise ConfigError(f"--init {path}: a {model} model; --model {brief(_plain(given))} disagrees (leave --model out)")
+    if merged.get("scale") is not None and merged["scale"] != scale:
+        raise ConfigError(f"--init {path}: a x{scale} model; --scale {brief(merged['scale'])} disagrees (leave --scale out)")
+    merged["model"], merged["scale"] = model, scale
+
+
 def make_config(flags: dict[str, Any]) -> TrainConfig:
     """The file named by ``flags['config']`` (if any), then the flags on top; with ``resume``, both on top of
     the settings in ``OUT/run.json`` (each change logged), so ``--out RUN --resume`` is enough."""
@@ -545,6 +629,8 @@ def make_config(flags: dict[str, Any]) -> TrainConfig:
     for required in ("data", "out"):
         if not merged.get(required):
             raise ConfigError(f"--{required} is required (on the command line, in --config, or in OUT/run.json with --resume)")
+    if merged.get("init") and not saved:  # a new run: the file names the architecture and the scale
+        _from_init(merged)
     data = {k: merged.pop(k) for k in list(merged) if k in TRAIN_SET_KEYS}
     try:
         cfg = TrainConfig(**merged, dataset=dataset_config(data, "--config" if path else "flags"))

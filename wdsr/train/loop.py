@@ -50,6 +50,8 @@ from wdsr.train.logbook import (
 from wdsr.train.models import Residual, build_model, residual_of
 from wdsr.train.validate import bicubic_baseline, validate
 from wdsr.train.vote import Verdict, Vote
+from wdsr.train.zoo import ZooModel
+from wdsr.train.zooload import for_run
 
 log = logging.getLogger("wdsr")
 
@@ -227,7 +229,7 @@ def _train(cfg: TrainConfig) -> int:
 
 
 # what a resumed run cannot change: the checkpoint's weights would not fit, or mean something else
-_FIXED = ("model", "scale")
+_FIXED = ("model", "scale", "model_args")
 
 
 def _check_resume(state: dict[str, Any], cfg: TrainConfig, run: RunDir) -> None:
@@ -257,6 +259,8 @@ class _Model:
     scaler: torch.amp.GradScaler
     amp_dtype: torch.dtype | None
     residual: Residual  # the model's variant: a new run's is bicubic, a resumed one's its checkpoint's
+    record: dict[str, Any]  # what else a checkpoint's config says of the model (a spandrel model's options)
+    net: nn.Module  # the model as it runs (padded to a spandrel model's size requirements): what validation calls
 
     def step(self, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, float]:
         """One optimisation step on a batch; its loss (on the device) and the learning rate it used."""
@@ -283,7 +287,14 @@ def _build_model(
         residual = residual_of(state["config"], where) if state is not None else Residual.BICUBIC
     except ValueError as exc:
         raise RunError(str(exc)) from None
-    model = build_model(cfg.model, cfg.dataset.scale, channels, center=center, residual=residual).to(ctx.device)
+    record: dict[str, Any] = {}
+    if isinstance(cfg.model, ZooModel):  # spandrel: rebuilt from the checkpoint's record, else --init, else fresh
+        saved = state["config"].get("spandrel") if state is not None else None
+        model, net, spec = for_run(cfg.model, cfg.model_args or {}, cfg.init, cfg.dataset.scale, channels, saved, where)
+        record, residual = {"spandrel": spec}, Residual.NONE
+    else:
+        model = net = build_model(cfg.model, cfg.dataset.scale, channels, center=center, residual=residual)
+    model.to(ctx.device)
     if ctx.device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs lack it
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99))
@@ -292,11 +303,12 @@ def _build_model(
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=use_scaler)
     if state is not None:
         _restore(model, opt, sched, scaler, state, where)
-    run_model: nn.Module = model
+    run_model: nn.Module = net
     if ctx.world > 1:
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        run_model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    return _Model(model, run_model, opt, sched, scaler, amp_dtype, residual)
+        # a spandrel model may hold weights its training forward leaves unused (SPAN's eval_conv)
+        run_model = nn.parallel.DistributedDataParallel(net, device_ids=ids, find_unused_parameters=bool(record))
+    return _Model(model, run_model, opt, sched, scaler, amp_dtype, residual, record, net)
 
 
 def _restore(model: nn.Module, opt: Any, sched: Any, scaler: Any, state: dict[str, Any], where: str) -> None:
@@ -376,7 +388,7 @@ def _state(cfg: TrainConfig, ctx: Ctx, m: _Model, loader: SRLoader, step: int) -
         "scaler": m.scaler.state_dict(),
         "rng": {"torch": torch.get_rng_state()},
         "threads": torch.get_num_threads(),  # a resume computes with as many (pin_threads)
-        "config": {**cfg.dict, "residual": m.residual.value},  # the model's variant: what wdsr upscale builds
+        "config": {**cfg.dict, "residual": m.residual.value, **m.record},  # the model's variant: what wdsr upscale builds
     }
 
 
@@ -384,7 +396,7 @@ def _recorder(cfg: TrainConfig, ctx: Ctx, run: RunDir, m: _Model, loader: SRLoad
     """Rank 0's MetricsLog (the history of earlier attempts, up to ``step``); another rank's Standby."""
     if ctx.rank != 0:
         return Standby(run, cfg, step) if ctx.world > 1 else None
-    run.start({**cfg.dict, "residual": m.residual.value})
+    run.start({**cfg.dict, "residual": m.residual.value, **m.record})
     metrics = MetricsLog(run, cfg, step)
     amp = {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[m.amp_dtype]
     clip, degrade = cfg.dataset.clip, cfg.dataset.degrade
@@ -455,7 +467,7 @@ def _loop(
                     if step % cfg.log_every == 0 or step == total or verdict.stop:
                         log_window(cfg, ctx, metrics, bar, win, step, epoch, step_lr)
                     if val_ds is not None and step % cfg.val_every == 0:
-                        sums = validate_clips(m.model, val_ds, cfg, ctx) if clips else validate(m.model, val_ds, cfg, ctx)
+                        sums = validate_clips(m.net, val_ds, cfg, ctx) if clips else validate(m.net, val_ds, cfg, ctx)
                         log_val(cfg, ctx, metrics, bar, sums, step, epoch, unit="clips" if clips else "images")
                         win.t = time.perf_counter()
                     periodic = cfg.ckpt_every and step % cfg.ckpt_every == 0
