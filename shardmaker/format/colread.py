@@ -128,6 +128,7 @@ class ShardTable(Sequence[ShardInfo]):
             c["probe"][i].tobytes().hex() if flags & 1 else None,
             members,
             c["tiles"][a:b] if flags & 2 else None,
+            None,  # an index of files has no column index (yet): read from its JSON
         )
 
     @overload
@@ -230,6 +231,8 @@ def reopen(url: str, storage_options: dict[str, Any] | None, sha256: str) -> Sha
 
 def _manifest(buf: Any, h: dict[str, Any], where: str, source: tuple[str, Any, str]) -> Manifest:
     top = top_fields(h["top"], where)
+    if top["files"] is not None:
+        raise ManifestError(where, "top.files", "an index of files is read from its JSON, not a column index")
     members = top["members"].names() if top["members"] is not None else []
     if h["member_names"] != members:
         raise ManifestError(where, "member_names", f"must be {members}, the manifest's members in order")

@@ -1,0 +1,160 @@
+"""Images in place: ``shardmaker index DIR (--lr DIR | --hr-only) -o IDX`` then ``SRDataset(IDX)`` streams
+the files themselves, with the batches the same images built into shards give (real photos, real
+files, symbolic links, the S3 test server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import wdsr
+from shardmaker.cli import main as sm_main
+from shardmaker.indexfiles import FileIndexConfig, index_files
+from tests.helpers import S3_BUCKET, build_shards, save, sm
+from wdsr.errors import SampleError
+
+KW = dict(scale=4, patch_size=32, patches_per_image=4, batch_size=4, shuffle_buffer=8, seed=5, return_keys=True)
+
+
+def _batches(url, workers: int = 0, **kw) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
+    ds = wdsr.SRDataset(url if isinstance(url, list) else str(url), **{**KW, **kw})
+    return [(lr.clone(), hr.clone(), list(keys)) for lr, hr, keys in wdsr.make_loader(ds, num_workers=workers)]
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) > 0 and all(
+        torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2] for x, y in zip(a, b, strict=True)
+    )
+
+
+def _copy(src: Path, dst: Path, names: list[str]) -> Path:
+    dst.mkdir(parents=True)
+    for n in names:
+        shutil.copyfile(src / n, dst / n)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def hr_idx(tmp_path_factory, photo_src) -> Path:
+    out = tmp_path_factory.mktemp("inplace") / "photos"
+    assert sm_quiet("index", photo_src, "--hr-only", "-o", out) == 0
+    return out
+
+
+def sm_quiet(*args) -> int:
+    return sm_main(["-q", *map(str, args)])
+
+
+def test_pairs_stream_as_the_same_pairs_built_into_shards(tmp_path, refdata, capsys):
+    hr, lr = refdata / "set5/HR", refdata / "set5/LR_bicubic"
+    lrs = ["--lr", lr / "X2", "--lr", lr / "X3", "--lr", lr / "X4"]
+    rc, out, err = sm(capsys, "index", hr, *lrs, "-o", tmp_path / "idx")
+    assert rc == 0 and "5 samples" in out, err
+    build_shards(hr, tmp_path / "shards", *map(str, lrs))
+    m = json.loads((tmp_path / "idx/manifest.json").read_text())
+    assert m["files"]["lr"]["3"] == str(lr / "X3") and m["shards"][0]["files"]["lr_x3.png"]["paths"][0].endswith("x3.png")
+    for scale in (3, 4):
+        got = _batches(tmp_path / "idx", scale=scale, patch_size=8 * scale)
+        assert _same(got, _batches(tmp_path / "shards", scale=scale, patch_size=8 * scale))
+    assert {k for _, _, ks in got for k in ks} == {"baby", "bird", "butterfly", "head", "woman"}
+
+
+def test_hr_only_with_bicubic_is_byte_identical_to_shards_of_the_same_photos(tmp_path, photo_src, hr_idx):
+    build_shards(photo_src, tmp_path / "hr_only", "--hr-only")
+    got = _batches(hr_idx, lr="bicubic")
+    assert _same(got, _batches(tmp_path / "hr_only", lr="bicubic"))
+    build_shards(photo_src, tmp_path / "stored", "--scale", "4")  # MATLAB LR made at build time, stored
+    assert _same(got, _batches(tmp_path / "stored"))
+    with pytest.raises(ValueError, match="HR-only dataset"):
+        wdsr.SRDataset(str(hr_idx), **KW)
+
+
+def test_a_symlinked_file_is_followed_as_build_follows_it(tmp_path, photo_src):
+    src = _copy(photo_src, tmp_path / "src", ["p00.png"])
+    os.symlink(photo_src / "p01.png", src / "linked.png")
+    assert sm_quiet("index", src, "--hr-only", "-o", tmp_path / "idx") == 0
+    build_shards(src, tmp_path / "shards", "--hr-only")
+    got = _batches(tmp_path / "idx", lr="bicubic")
+    assert _same(got, _batches(tmp_path / "shards", lr="bicubic"))
+    assert {k for _, _, ks in got for k in ks} == {"p00", "linked"}
+
+
+def test_a_changed_file_is_a_sample_error_naming_it_and_a_removed_one_is_skipped(tmp_path, photo_src):
+    src = _copy(photo_src, tmp_path / "src", ["p00.png", "p01.png", "p02.png"])
+    assert sm_quiet("index", src, "--hr-only", "-o", tmp_path / "idx") == 0
+    before = _batches(tmp_path / "idx", lr="bicubic")
+    data = bytearray((src / "p01.png").read_bytes())
+    data[-20] ^= 1  # same size, another byte: only the digest tells
+    (src / "p01.png").write_bytes(bytes(data))
+    with pytest.raises(SampleError, match=r"key 'p01': .*p01\.png: its xxh3_64 differs from the index's"):
+        _batches(tmp_path / "idx", lr="bicubic")
+    save(src / "p01.png", np.zeros((64, 64, 3), np.uint8))  # another size
+    with pytest.raises(SampleError, match=r"p01\.png: \d+ bytes, the index says \d+"):
+        _batches(tmp_path / "idx", lr="bicubic")
+    (src / "p01.png").unlink()
+    with pytest.raises(SampleError, match=r"p01\.png: missing \(removed since it was indexed\)"):
+        _batches(tmp_path / "idx", lr="bicubic")
+    got = _batches(tmp_path / "idx", lr="bicubic", on_error="skip")
+    keys = [k for _, _, ks in got for k in ks]
+    assert set(keys) == {"p00", "p02"} and len(got) == len(before)  # equal batches all the same: the epoch's length holds
+
+
+def test_exact_mid_epoch_resume_over_groups_of_files(tmp_path, photo_src):
+    cfg = FileIndexConfig(hr_only=True, group_bytes=150_000, progress=False)
+    res = index_files(str(photo_src), str(tmp_path / "idx"), cfg)
+    assert len(res.manifest.shards) >= 3
+    url, kw = str(tmp_path / "idx"), dict(KW, lr="bicubic", seed=9)
+
+    def run(state=None, stop=None):
+        loader = wdsr.make_loader(wdsr.SRDataset(url, **kw), num_workers=2, persistent_workers=False)
+        if state is not None:
+            loader.load_state_dict(state)
+        out = []
+        for lr, hr, keys in loader:
+            out.append((lr.clone(), hr.clone(), list(keys)))
+            if stop is not None and len(out) == stop:
+                break
+        return out, loader.state_dict()
+
+    whole, _ = run()
+    first, state = run(stop=len(whole) // 2)
+    rest, _ = run(state=state)
+    assert _same(first + rest, whole)
+
+
+def test_mixes_with_a_shard_dataset(photo_shards, hr_idx):
+    got = _batches([str(hr_idx), str(photo_shards)], lr="bicubic", weights=[1, 1], epoch_samples=20)
+    assert len(got) == 20 * KW["patches_per_image"] // KW["batch_size"]
+
+
+def test_an_s3_prefix_is_indexed_and_streamed_as_the_local_folder(tmp_path, photo_src, s3):
+    import fsspec
+
+    names = ["p03.png", "p04.png", "p05.png"]
+    fs = fsspec.filesystem("s3")
+    fs.clear_instance_cache()
+    for n in names:
+        fs.put(str(photo_src / n), f"{S3_BUCKET}/inplace/hr/{n}")
+    local = _copy(photo_src, tmp_path / "local", names)
+    assert sm_quiet("index", local, "--hr-only", "-o", tmp_path / "idx") == 0
+    assert sm_quiet("index", f"s3://{S3_BUCKET}/inplace/hr/", "--hr-only", "-o", f"s3://{S3_BUCKET}/inplace/idx") == 0
+    got = _batches(f"s3://{S3_BUCKET}/inplace/idx", lr="bicubic")
+    assert _same(got, _batches(tmp_path / "idx", lr="bicubic"))
+    fs.rm(f"{S3_BUCKET}/inplace/hr/p04.png")
+    with pytest.raises(SampleError, match=r"p04\.png"):
+        _batches(f"s3://{S3_BUCKET}/inplace/idx", lr="bicubic")
+
+
+def test_index_refuses_bad_requests_in_one_line(tmp_path, photo_src, capsys):
+    rc, _, err = sm(capsys, "index", photo_src, "--hr-only", "--lr", tmp_path, "-o", tmp_path / "i")
+    assert rc == 2 and "--hr-only" in err and len(err.strip().splitlines()) == 1
+    rc, _, err = sm(capsys, "index", photo_src, "--hr-only", "-o", photo_src / "idx")
+    assert rc == 2 and "inside the source" in err and not (photo_src / "idx").exists()
+    rc, _, err = sm(capsys, "index", photo_src, "--hr-only")
+    assert rc == 2 and "-o IDX" in err
