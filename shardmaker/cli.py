@@ -13,6 +13,7 @@ from typing import Any
 
 from shardmaker.builder import BuildConfig, build, merge_when_ready
 from shardmaker.builder.clips import DEFAULT_MAX_SPAN, DEFAULT_SEGMENT, ClipOptions
+from shardmaker.builder.fromindex import load_files_index
 from shardmaker.builder.regions import DEFAULT_REGION
 from shardmaker.builder.sample import LrMethod, SampleConfig
 from shardmaker.commandline import OneLineParser, configure_logging, error_exit, parse_args, parse_part, parse_scales, parse_size
@@ -57,13 +58,21 @@ def _build_parser(sub: Any) -> None:
     b.add_argument(
         "hr_src",
         metavar="HR_SRC",
-        nargs="+",
+        nargs="*",
         help="folder of HR images (searched recursively; symbolic links are "
         "followed, also out of the folder; FIFOs and other non-regular files are skipped with a warning); "
         "or several folders, or brace patterns of files ('photos/{0001..0800}.png'): then each key starts "
         "with its source's path below their common folder (DIV2K/0001, Flickr2K/000001)",
     )
     b.add_argument("out", metavar="OUT", help="output folder or URL (memory://, s3://bucket/prefix, ...)")
+    b.add_argument(
+        "--from",
+        dest="from_index",
+        default=None,
+        metavar="IDX",
+        help="build from an index of image files (shardmaker index DIR ...) instead of HR_SRC: the shards a build from "
+        "its folders writes (its LR if it has one), each file checked against the index first",
+    )
     b.add_argument(
         "--lr",
         action="append",
@@ -455,11 +464,16 @@ def _tiles(text: str) -> int | str:
 
 
 def _build(args: argparse.Namespace) -> int:
+    if bool(args.hr_src) == bool(args.from_index) or (args.from_index and (args.lr or args.lr_pattern or args.clips)):
+        raise ValueError("give HR_SRC (and --lr folders) or --from IDX (an index of image files, no --lr or --clips), not both")
+    provided = bool(args.lr) or bool(args.from_index and load_files_index(args.from_index).scales)
     # With --lr, the scales come from the LR folders; --scale, if given, must agree with them.
-    scales = args.scale or (() if args.lr else (4,))
+    scales = args.scale or (() if provided else (4,))
     if args.hr_only and (args.lr or args.scale):
         raise ValueError("--hr-only stores HR images alone: leave out --lr and --scale (the stream makes LR: lr='bicubic')")
-    method = LrMethod.NONE if args.hr_only else LrMethod.PROVIDED if args.lr else LrMethod(args.lr_method)
+    if args.hr_only and provided:
+        raise ValueError("--hr-only stores HR images alone; this index has LR images (build them, or index with --hr-only)")
+    method = LrMethod.NONE if args.hr_only else LrMethod.PROVIDED if provided else LrMethod(args.lr_method)
     cfg = SampleConfig(
         scales=scales,
         codec=Codec(args.codec),
@@ -473,7 +487,7 @@ def _build(args: argparse.Namespace) -> int:
         min_valid=args.min_valid,
     )
     opts = BuildConfig(
-        hr_src=args.hr_src[0] if len(args.hr_src) == 1 else tuple(args.hr_src),
+        hr_src=args.from_index or (args.hr_src[0] if len(args.hr_src) == 1 else tuple(args.hr_src)),
         out=args.out,
         lr_srcs=tuple(args.lr),
         lr_pattern=args.lr_pattern,
@@ -488,6 +502,7 @@ def _build(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         strict_resume=args.strict_resume,
         clips=ClipOptions(args.segment, args.max_span) if args.clips else None,
+        from_index=args.from_index,
     )
     res = build(opts)
     # a clip build counts clips (each written as segment samples of frames), an image build images

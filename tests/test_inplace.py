@@ -16,7 +16,7 @@ import torch
 import wdsr
 from shardmaker.cli import main as sm_main
 from shardmaker.indexfiles import FileIndexConfig, index_files
-from tests.helpers import S3_BUCKET, build_shards, save, sm
+from tests.helpers import S3_BUCKET, build_shards, save, shard_hashes, sm
 from wdsr.errors import SampleError
 
 KW = dict(scale=4, patch_size=32, patches_per_image=4, batch_size=4, shuffle_buffer=8, seed=5, return_keys=True)
@@ -158,3 +158,47 @@ def test_index_refuses_bad_requests_in_one_line(tmp_path, photo_src, capsys):
     assert rc == 2 and "inside the source" in err and not (photo_src / "idx").exists()
     rc, _, err = sm(capsys, "index", photo_src, "--hr-only")
     assert rc == 2 and "-o IDX" in err
+
+
+def test_build_from_an_index_writes_the_shards_a_build_from_the_folder_writes(tmp_path, refdata, photo_src, hr_idx, capsys):
+    hr, lr = refdata / "set5/HR", refdata / "set5/LR_bicubic"
+    lrs = ["--lr", lr / "X2", "--lr", lr / "X4"]
+    assert sm_quiet("index", hr, *lrs, "-o", tmp_path / "idx") == 0
+    build_shards(hr, tmp_path / "folder", *map(str, lrs))
+    assert sm_quiet("build", "--from", tmp_path / "idx", tmp_path / "from", "--workers", "1") == 0
+    assert shard_hashes(tmp_path / "from") == shard_hashes(tmp_path / "folder") != {}
+    flags = ["--scale", "2,4", "--codec", "qoi", "--max-samples", "4"]
+    build_shards(photo_src, tmp_path / "folder2", *flags)
+    assert sm_quiet("build", "--from", hr_idx, tmp_path / "from2", "--workers", "1", *flags) == 0
+    assert shard_hashes(tmp_path / "from2") == shard_hashes(tmp_path / "folder2") != {}
+    src = _copy(photo_src, tmp_path / "src", ["p00.png", "p01.png"])
+    assert sm_quiet("index", src, "--hr-only", "-o", tmp_path / "idx3") == 0
+    save(src / "p01.png", np.zeros((64, 64, 3), np.uint8))
+    rc, _, err = sm(capsys, "build", "--from", tmp_path / "idx3", tmp_path / "from3", "--hr-only")
+    assert rc == 2 and "p01.png" in err and "the index says" in err
+    rc, out, err = sm(capsys, "build", "--from", tmp_path / "idx3", tmp_path / "from3", "--hr-only", "--on-error", "skip")
+    assert rc == 0 and "1 samples" in out and "p01.png" in out, out
+
+
+def test_verify_info_ls_and_cat_work_on_an_index(tmp_path, refdata, capsys):
+    hr, lr = refdata / "set5/HR", refdata / "set5/LR_bicubic"
+    src = tmp_path / "hr"
+    shutil.copytree(hr, src)
+    idx = tmp_path / "idx"
+    assert sm_quiet("index", src, "--lr", lr / "X4", "-o", idx) == 0
+    rc, out, _ = sm(capsys, "verify", idx, "--deep")
+    assert rc == 0 and "OK (deep)" in out
+    rc, out, _ = sm(capsys, "info", idx)
+    assert rc == 0 and f"image files in place (groups of files, not shards): HR under {src}, x4 LR under {lr / 'X4'}" in out
+    rc, out, _ = sm(capsys, "ls", idx, "--keys")
+    assert rc == 0 and "files-000000.tar  baby  512x512" in out
+    rc, out, _ = sm(capsys, "cat", idx, "bird", "-o", tmp_path / "cat")
+    assert rc == 0 and (tmp_path / "cat/bird.hr.png").read_bytes() == (src / "bird.png").read_bytes()
+    assert (tmp_path / "cat/bird.lr_x4.png").read_bytes() == (lr / "X4/birdx4.png").read_bytes()
+    data = bytearray((src / "head.png").read_bytes())
+    data[100] ^= 0xFF
+    (src / "head.png").write_bytes(bytes(data))
+    (src / "woman.png").unlink()
+    rc, _, err = sm(capsys, "verify", idx)
+    assert rc == 1 and "key 'head'" in err and "head.png: its xxh3_64 differs" in err, err
+    assert "woman.png: missing (removed since it was indexed)" in err and "2 problem(s)" in err
