@@ -27,7 +27,7 @@ from shardmaker import storage
 from shardmaker.builder.run import order_samples
 from shardmaker.builder.sources import Pair, scan_sources
 from shardmaker.errors import InputError, OnError, ShardmakerError
-from shardmaker.format import headers
+from shardmaker.format import colindex, headers
 from shardmaker.format import manifest as mf
 from shardmaker.format.files import FileColumns, FileRoots, group_digest, group_layout
 from shardmaker.format.loading import locate
@@ -197,6 +197,7 @@ def index_files(hr_src: str, out: str, cfg: FileIndexConfig) -> FileIndexResult:
     data = m.dumps()
     m = mf.parse(data, out)  # as readers will see it: checked against the schema before it is written
     ofs.makedirs(oroot, exist_ok=True)
+    storage.write_atomic(ofs, colindex.index_path(target), colindex.encode(m, data))  # first: the manifest commits
     storage.write_atomic(ofs, target, data)
     return FileIndexResult(m, storage.url_of(ofs, target), skips.first, skips.count, time.perf_counter() - t0)
 

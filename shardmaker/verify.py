@@ -308,7 +308,7 @@ def verify(url: str, deep: bool = False, progress: bool = True, storage_options:
     url, name = locate(url)
     m = load(url, storage_options, name=name)
     if m.files is not None:
-        return verify_files(m, deep, progress, storage_options)
+        return _index_problems(url, storage_options, name, m) + verify_files(m, deep, progress, storage_options)
     fs, root = storage.open_dir(url, storage_options)
     problems = _index_problems(url, storage_options, name, m)
     with tqdm(total=m.bytes, unit="B", unit_scale=True, desc="verify", disable=not progress) as bar:

@@ -15,6 +15,7 @@ import torch
 
 import wdsr
 from shardmaker.cli import main as sm_main
+from shardmaker.format import load as mf_load
 from shardmaker.indexfiles import FileIndexConfig, index_files
 from tests.helpers import S3_BUCKET, build_shards, save, shard_hashes, sm
 from wdsr.errors import SampleError
@@ -202,3 +203,18 @@ def test_verify_info_ls_and_cat_work_on_an_index(tmp_path, refdata, capsys):
     rc, _, err = sm(capsys, "verify", idx)
     assert rc == 1 and "key 'head'" in err and "head.png: its xxh3_64 differs" in err, err
     assert "woman.png: missing (removed since it was indexed)" in err and "2 problem(s)" in err
+
+
+def test_the_column_index_gives_the_json_s_entries_and_verify_compares_them(tmp_path, photo_src, capsys):
+    res = index_files(str(photo_src), str(tmp_path / "idx"), FileIndexConfig(hr_only=True, group_bytes=200_000, progress=False))
+    assert (tmp_path / "idx/manifest.json.idx").is_file()
+    mapped = mf_load(str(tmp_path / "idx"), compact=True)
+    parsed = mf_load(str(tmp_path / "idx"), index=False)
+    assert (
+        [s.to_json() for s in mapped.shards] == [s.to_json() for s in parsed.shards] == [s.to_json() for s in res.manifest.shards]
+    )
+    assert mapped.files == parsed.files and len(mapped.shards) >= 3
+    rc, out, _ = sm(capsys, "info", tmp_path / "idx")
+    assert rc == 0 and "manifest.json.idx (the reader maps it" in out
+    rc, out, err = sm(capsys, "verify", tmp_path / "idx")
+    assert rc == 0 and "OK" in out, err
