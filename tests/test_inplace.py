@@ -17,6 +17,7 @@ import wdsr
 from shardmaker.cli import main as sm_main
 from shardmaker.format import load as mf_load
 from shardmaker.indexfiles import FileIndexConfig, index_files
+from tests.faultproxy import FaultProxy
 from tests.helpers import S3_BUCKET, build_shards, save, shard_hashes, sm
 from wdsr.errors import SampleError
 
@@ -145,8 +146,23 @@ def test_an_s3_prefix_is_indexed_and_streamed_as_the_local_folder(tmp_path, phot
     local = _copy(photo_src, tmp_path / "local", names)
     assert sm_quiet("index", local, "--hr-only", "-o", tmp_path / "idx") == 0
     assert sm_quiet("index", f"s3://{S3_BUCKET}/inplace/hr/", "--hr-only", "-o", f"s3://{S3_BUCKET}/inplace/idx") == 0
-    got = _batches(f"s3://{S3_BUCKET}/inplace/idx", lr="bicubic")
-    assert _same(got, _batches(tmp_path / "idx", lr="bicubic"))
+    want = _batches(tmp_path / "idx", lr="bicubic")
+    assert _same(_batches(f"s3://{S3_BUCKET}/inplace/idx", lr="bicubic"), want)
+    proxy = FaultProxy(s3.port)  # one GET per file, cut or refused: retried, resumed at the byte reached
+    try:
+        opts = {"endpoint_url": proxy.endpoint}
+        retry = wdsr.Retry(attempts=30, backoff_s=0.05, max_backoff_s=0.5, timeout_s=2.0)
+        ds = wdsr.SRDataset(f"s3://{S3_BUCKET}/inplace/idx", storage_options=opts, retry=retry, **{**KW, "lr": "bicubic"})
+        loader = wdsr.make_loader(ds, num_workers=0)
+        proxy.cut_after(40_000, times=2)
+        proxy.fail_503(times=2)
+        got = [(lr, hr, list(keys)) for lr, hr, keys in loader]
+        assert _same(got, want) and proxy.faults == 4 and proxy.pending() == 0
+        pngs = [p for p in proxy.paths if p.endswith(b".png")]
+        assert sorted(set(pngs)) == [f"/{S3_BUCKET}/inplace/hr/{n}".encode() for n in names]
+        assert len(pngs) <= len(names) + proxy.faults + proxy.server_errors  # one GET a file, and one per fault
+    finally:
+        proxy.close()
     fs.rm(f"{S3_BUCKET}/inplace/hr/p04.png")
     with pytest.raises(SampleError, match=r"p04\.png"):
         _batches(f"s3://{S3_BUCKET}/inplace/idx", lr="bicubic")
@@ -218,3 +234,9 @@ def test_the_column_index_gives_the_json_s_entries_and_verify_compares_them(tmp_
     assert rc == 0 and "manifest.json.idx (the reader maps it" in out
     rc, out, err = sm(capsys, "verify", tmp_path / "idx")
     assert rc == 0 and "OK" in out, err
+
+
+def test_every_rank_gets_as_many_batches_and_together_every_file(hr_idx):
+    runs = [_batches(hr_idx, lr="bicubic", world=wdsr.env.World(r, 3)) for r in range(3)]
+    assert len({len(r) for r in runs}) == 1 and len(runs[0]) > 0
+    assert {k for run in runs for _, _, ks in run for k in ks} == {f"p{i:02d}" for i in range(10)}
