@@ -434,9 +434,11 @@ def _index_files(args: argparse.Namespace) -> int:
     )
     res = index_files(args.shards[0], args.out, cfg)
     m = res.manifest
+    assert m.members is not None and m.files is not None
+    checked = "sizes and xxh3_64" if m.files.digested else "sizes alone (--no-digest)"
     print(
-        f"wrote {res.path}: {m.samples} samples ({', '.join(m.member_names(m.scales[0]) if m.scales else [m.members.hr])}"  # type: ignore[union-attr]
-        f"), {m.bytes / 1e6:.1f} MB of files in place, {res.seconds:.1f} s"
+        f"wrote {res.path}: {m.samples} samples ({', '.join(m.members.names())}), {m.bytes / 1e6:.1f} MB of files "
+        f"in place, {checked} recorded, {res.seconds:.1f} s"
     )
     if res.skipped_count:
         print(f"skipped {res.skipped_count}:")

@@ -240,3 +240,29 @@ def test_every_rank_gets_as_many_batches_and_together_every_file(hr_idx):
     runs = [_batches(hr_idx, lr="bicubic", world=wdsr.env.World(r, 3)) for r in range(3)]
     assert len({len(r) for r in runs}) == 1 and len(runs[0]) > 0
     assert {k for run in runs for _, _, ks in run for k in ks} == {f"p{i:02d}" for i in range(10)}
+
+
+def test_no_digest_checks_sizes_and_a_crafted_path_cannot_leave_its_root(tmp_path, photo_src, capsys):
+    src = _copy(photo_src, tmp_path / "src", ["p00.png", "p01.png"])
+    rc, out, _ = sm(capsys, "index", src, "--hr-only", "--no-digest", "-o", tmp_path / "idx")
+    assert rc == 0 and "sizes alone (--no-digest)" in out
+    m = json.loads((tmp_path / "idx/manifest.json").read_text())
+    assert m["files"]["digest"] == "none" and _batches(tmp_path / "idx", lr="bicubic")
+    (src / "p01.png").write_bytes((src / "p01.png").read_bytes() + b"\0")
+    with pytest.raises(SampleError, match=r"p01\.png: \d+ bytes, the index says"):
+        _batches(tmp_path / "idx", lr="bicubic")
+    m["shards"][0]["files"]["hr.png"]["paths"][0] = "../src/p00.png"
+    (tmp_path / "idx/manifest.json").write_text(json.dumps(m))
+    (tmp_path / "idx/manifest.json.idx").unlink()
+    with pytest.raises(ValueError, match=r"files\.hr\.png\.paths\[0\]: a file path has a '\.' or '\.\.' segment"):
+        wdsr.SRDataset(str(tmp_path / "idx"), **{**KW, "lr": "bicubic"})
+
+
+def test_the_decoded_cache_serves_an_index_with_the_same_batches(tmp_path, refdata):
+    assert sm_quiet("index", refdata / "set5/HR", "--lr", refdata / "set5/LR_bicubic/X2", "-o", tmp_path / "idx") == 0
+    cache = tmp_path / "decoded"
+    cache.mkdir(mode=0o700)
+    kw = dict(scale=2, patch_size=32)
+    want = _batches(tmp_path / "idx", **kw)
+    assert _same(_batches(tmp_path / "idx", decoded_cache=str(cache), **kw), want)
+    assert any(cache.rglob("*")) and _same(_batches(tmp_path / "idx", decoded_cache=str(cache), **kw), want)
