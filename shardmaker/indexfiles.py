@@ -113,14 +113,15 @@ def _root_of(url: str, rel: str) -> str:
     return url[: len(url) - len(rel)].rstrip("/") if url.endswith(rel) else posixpath.dirname(url)
 
 
-def _sample(fs: Any, p: Pair, names: dict[int | None, str], cfg: FileIndexConfig) -> dict[int | None, FileEntry]:
+def _sample(p: Pair, names: dict[int | None, str], cfg: FileIndexConfig) -> dict[int | None, FileEntry]:
     """Every file of pair ``p`` read (HR under key None, LR under its scale), the pair's headers checked."""
     out: dict[int | None, FileEntry] = {}
     for side, url in [(None, p.hr), *((s, u) for s, u, _ in p.lr)]:
         want = names[side]
         if _member(want.split(".")[0], url) != want:
             raise InputError(url, f"a {want.rsplit('.', 1)[-1]} file is wanted: one index holds one format per side")
-        out[side] = read_entry(fs, storage.open_dir(url, cfg.storage_options)[1], want, cfg.max_pixels, cfg.digest)
+        fs, path = storage.open_dir(url, cfg.storage_options)  # HR and LR may be on different filesystems
+        out[side] = read_entry(fs, path, want, cfg.max_pixels, cfg.digest)
     hr = out[None].header
     if (hr.width, hr.height) != tuple(p.hr_size):
         raise InputError(p.hr, f"header says {hr.width}x{hr.height}, the listing {p.hr_size[0]}x{p.hr_size[1]} (changed?)")
@@ -162,7 +163,6 @@ def index_files(hr_src: str, out: str, cfg: FileIndexConfig) -> FileIndexResult:
     skips = mf.Skips(log)
     for sk in scan_skips:
         skips.add(sk.to_json(), sk.reason, sk.path)
-    fs = storage.open_dir(hr_src, cfg.storage_options)[0]
     with (
         ThreadPoolExecutor(cfg.workers) as pool,
         tqdm(total=len(pairs), unit="img", desc="index", disable=not cfg.progress) as bar,
@@ -170,7 +170,7 @@ def index_files(hr_src: str, out: str, cfg: FileIndexConfig) -> FileIndexResult:
 
         def one(p: Pair) -> dict[int | None, FileEntry] | InputError:
             try:
-                return _sample(fs, p, names, cfg)
+                return _sample(p, names, cfg)
             except InputError as exc:
                 return exc
             finally:

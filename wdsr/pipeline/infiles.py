@@ -29,7 +29,7 @@ from wdsr.store import remote
 Fetched = tuple[dict[str, bytes | bytearray], int]
 
 
-class FileRoots:
+class RootOpener:
     """The filesystems of an index's roots (HR, each LR scale), opened once per process."""
 
     def __init__(self, manifest: Manifest, storage_options: dict[str, Any], retry: remote.Retry) -> None:
@@ -54,7 +54,7 @@ class FileRoots:
 
 
 def read_file(
-    roots: FileRoots, info: ShardInfo, i: int, member: str, on_retry: Callable[[BaseException], None]
+    roots: RootOpener, info: ShardInfo, i: int, member: str, on_retry: Callable[[BaseException], None]
 ) -> bytes | bytearray:
     """Member ``member`` of sample ``i``: its whole file, checked against the index's size and digest."""
     assert info.files is not None
@@ -90,7 +90,7 @@ def read_file(
 
 
 def file_span(
-    roots: FileRoots,
+    roots: RootOpener,
     info: ShardInfo,
     span: Span,
     wanted: frozenset[str],

@@ -31,7 +31,7 @@ from shardmaker import format as fmt
 from shardmaker.errors import InputError
 from shardmaker.format import Manifest, ShardInfo
 from wdsr.errors import SampleError, SampleUnavailable
-from wdsr.pipeline.infiles import FileRoots, file_span
+from wdsr.pipeline.infiles import RootOpener, file_span
 from wdsr.pipeline.plan import Span
 from wdsr.store import remote
 from wdsr.store.cache import CacheMismatch, ShardCache
@@ -106,7 +106,7 @@ class ShardReader:
         self._pool: ThreadPoolExecutor | None = None
         self._tile_pool: ThreadPoolExecutor | None = None
         self._lock: threading.Lock | None = None
-        self._roots: FileRoots | None = None  # an index of files: its roots, opened in the reading process
+        self._roots: RootOpener | None = None  # an index of files: its roots, opened in the reading process
 
     def __repr__(self) -> str:  # storage_options may hold secrets: never shown
         return f"ShardReader({self.url!r}, shards={len(self.manifest.shards)}, options={self.options})"
@@ -183,7 +183,7 @@ class ShardReader:
     def _files_span(self, info: ShardInfo, span: Span, wanted: frozenset[str]) -> Iterator[RawSample]:
         """An index of image files: each sample's files read whole and checked (:mod:`.infiles`)."""
         if self._roots is None:
-            self._roots = FileRoots(self.manifest, self.storage_options, self.options.retry)
+            self._roots = RootOpener(self.manifest, self.storage_options, self.options.retry)
         remote_files = fsspec.utils.get_protocol(self.manifest.files.hr) not in ("file", "local")  # type: ignore[union-attr]
         if remote_files and self.options.read_ahead and self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="wdsr-read-ahead")
