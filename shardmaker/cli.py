@@ -7,6 +7,7 @@ import collections
 import logging
 import os
 import posixpath
+import re
 import signal
 import sys
 from typing import Any
@@ -418,6 +419,8 @@ def _index(args: argparse.Namespace) -> int:
 
 
 def _index_files(args: argparse.Namespace) -> int:
+    if any(re.fullmatch(r"\d+:.+", t) for t in args.lr) or args.wids or args.channels or args.bit_depth:
+        raise ValueError("--lr SCALE:NAME, --wids, --channels and --bit-depth are for tar shards: give --hr NAME too")
     if len(args.shards) != 1 or not args.out:
         raise ValueError("index of image files: one HR folder or URL, and -o IDX (--hr NAME indexes tar shards)")
     cfg = FileIndexConfig(

@@ -175,6 +175,8 @@ def test_index_refuses_bad_requests_in_one_line(tmp_path, photo_src, capsys):
     assert rc == 2 and "inside the source" in err and not (photo_src / "idx").exists()
     rc, _, err = sm(capsys, "index", photo_src, "--hr-only")
     assert rc == 2 and "-o IDX" in err
+    rc, _, err = sm(capsys, "index", photo_src, "--lr", "4:x4.png", "-o", tmp_path / "i")
+    assert rc == 2 and "give --hr NAME too" in err
 
 
 def test_build_from_an_index_writes_the_shards_a_build_from_the_folder_writes(tmp_path, refdata, photo_src, hr_idx, capsys):
@@ -266,3 +268,17 @@ def test_the_decoded_cache_serves_an_index_with_the_same_batches(tmp_path, refda
     want = _batches(tmp_path / "idx", **kw)
     assert _same(_batches(tmp_path / "idx", decoded_cache=str(cache), **kw), want)
     assert any(cache.rglob("*")) and _same(_batches(tmp_path / "idx", decoded_cache=str(cache), **kw), want)
+
+
+def test_degrade_draws_the_hr_patches_and_parameters_shards_of_the_same_photos_give(tmp_path, photo_src, hr_idx):
+    build_shards(photo_src, tmp_path / "hr_only", "--hr-only")
+
+    def run(url) -> list:
+        kw = dict(scale=4, patch_size=256, patches_per_image=2, batch_size=2, seed=3, on_error="skip")
+        ds = wdsr.SRDataset(str(url), degrade=wdsr.RealESRGANConfig(), **kw)
+        return [(hr.clone(), {k: v.clone() for k, v in params.items()}) for hr, params in wdsr.make_loader(ds, num_workers=0)]
+
+    got, want = run(hr_idx), run(tmp_path / "hr_only")
+    assert len(got) == len(want) > 0
+    for (a, pa), (b, pb) in zip(got, want, strict=True):
+        assert torch.equal(a, b) and pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
