@@ -20,6 +20,7 @@ from shardmaker.indexfiles import FileIndexConfig, index_files
 from tests.faultproxy import FaultProxy
 from tests.helpers import S3_BUCKET, build_shards, save, shard_hashes, sm
 from wdsr.errors import SampleError
+from wdsr.tools.cli import main as wdsr_main
 
 KW = dict(scale=4, patch_size=32, patches_per_image=4, batch_size=4, shuffle_buffer=8, seed=5, return_keys=True)
 
@@ -282,3 +283,12 @@ def test_degrade_draws_the_hr_patches_and_parameters_shards_of_the_same_photos_g
     assert len(got) == len(want) > 0
     for (a, pa), (b, pb) in zip(got, want, strict=True):
         assert torch.equal(a, b) and pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def test_wdsr_train_takes_an_index_as_its_data(tmp_path, refdata):
+    assert sm_quiet("index", refdata / "set5/HR", "--lr", refdata / "set5/LR_bicubic/X4", "-o", tmp_path / "idx") == 0
+    small = ["--patch-size", "32", "-k", "2", "--batch-size", "4", "--workers", "0", "--val-every", "0", "--log-every", "1"]
+    argv = ["train", "--data", str(tmp_path / "idx"), "--out", str(tmp_path / "run"), "--model", "espcn", *small, "--steps", "2"]
+    assert wdsr_main(argv) == 0
+    lines = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if "loss" in x] == [1, 2]
