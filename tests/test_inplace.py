@@ -66,6 +66,11 @@ def test_pairs_stream_as_the_same_pairs_built_into_shards(tmp_path, refdata, cap
         got = _batches(tmp_path / "idx", scale=scale, patch_size=8 * scale)
         assert _same(got, _batches(tmp_path / "shards", scale=scale, patch_size=8 * scale))
     assert {k for _, _, ks in got for k in ks} == {"baby", "bird", "butterfly", "head", "woman"}
+    val = [list(x)[:3] for x in wdsr.SRDataset(str(tmp_path / "idx"), scale=4, split="val")]
+    want = [list(x)[:3] for x in wdsr.SRDataset(str(tmp_path / "shards"), scale=4, split="val")]
+    assert len(val) == 5 and all(
+        torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2] for a, b in zip(val, want, strict=True)
+    )
 
 
 def test_hr_only_with_bicubic_is_byte_identical_to_shards_of_the_same_photos(tmp_path, photo_src, hr_idx):
