@@ -297,3 +297,14 @@ def test_wdsr_train_takes_an_index_as_its_data(tmp_path, refdata):
     assert wdsr_main(argv) == 0
     lines = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines if "loss" in x] == [1, 2]
+
+
+def test_images_over_max_pixels_are_refused_from_their_headers(tmp_path, photo_src, capsys):
+    rc, _, err = sm(capsys, "index", photo_src, "--hr-only", "--max-pixels", "60000", "-o", tmp_path / "idx")
+    assert rc == 2 and "is over max_pixels=60000" in err and len(err.strip().splitlines()) == 1
+    rc, out, _ = sm(
+        capsys, "index", photo_src, "--hr-only", "--max-pixels", "60000", "-o", tmp_path / "idx", "--on-error", "skip"
+    )
+    m = json.loads((tmp_path / "idx/manifest.json").read_text())
+    assert rc == 0 and 0 < m["build"]["skipped_count"] < 10 and m["samples"] == 10 - m["build"]["skipped_count"]
+    assert all("max_pixels=60000" in s["reason"] for s in m["build"]["skipped"]), m["build"]["skipped"]
