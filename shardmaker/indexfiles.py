@@ -209,6 +209,9 @@ def _keep(
     good: list[tuple[Pair, dict[int | None, FileEntry]]] = []
     kind: tuple[int, int] | None = None
     for p, e in zip(pairs, entries, strict=True):
+        why = mf.key_problem(p.key)  # as build refuses it: the key is the file's path
+        if why is not None:
+            e = InputError(p.hr, f"its key {p.key!r} {why}")
         if not isinstance(e, InputError):
             head = e[None].header
             kind = kind or (head.channels, head.bit_depth)
