@@ -1,4 +1,4 @@
-"""``shardmaker`` command line: parsing only; the work lives in builder/, index.py, verify.py and peek.py."""
+"""``shardmaker`` command line: parsing only; the work lives in builder/, index.py, indexfiles.py, verify.py and peek.py."""
 
 from __future__ import annotations
 
