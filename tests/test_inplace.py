@@ -308,3 +308,25 @@ def test_images_over_max_pixels_are_refused_from_their_headers(tmp_path, photo_s
     m = json.loads((tmp_path / "idx/manifest.json").read_text())
     assert rc == 0 and 0 < m["build"]["skipped_count"] < 10 and m["samples"] == 10 - m["build"]["skipped_count"]
     assert all("max_pixels=60000" in s["reason"] for s in m["build"]["skipped"]), m["build"]["skipped"]
+
+
+def test_the_node_cache_keeps_remote_files_whole_for_later_epochs(tmp_path, photo_src, s3):
+    import fsspec
+
+    fs = fsspec.filesystem("s3")
+    fs.clear_instance_cache()
+    for n in ("p06.png", "p07.png"):
+        fs.put(str(photo_src / n), f"{S3_BUCKET}/inplace-cache/hr/{n}")
+    url = f"s3://{S3_BUCKET}/inplace-cache/idx"
+    assert sm_quiet("index", f"s3://{S3_BUCKET}/inplace-cache/hr", "--hr-only", "-o", url) == 0
+    ds = wdsr.SRDataset(url, cache_dir=str(tmp_path / "cache"), **{**KW, "lr": "bicubic"})
+    loader = wdsr.make_loader(ds, num_workers=0)
+    first = [(lr.clone(), hr.clone(), list(k)) for lr, hr, k in loader]
+    got = ds.stats.totals()
+    assert (got["cache_misses"], got["cache_hits"]) == (2, 0)
+    kept = sorted(p.name for p in (tmp_path / "cache").rglob("*-file-*.tar"))
+    assert len(kept) == 2
+    fs.rm(f"{S3_BUCKET}/inplace-cache/hr/p07.png")  # later epochs read the node's copies, not the store
+    ds.set_epoch(0)
+    again = [(lr.clone(), hr.clone(), list(k)) for lr, hr, k in loader]
+    assert _same(again, first) and ds.stats.totals()["cache_hits"] == 2

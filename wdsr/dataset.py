@@ -120,8 +120,6 @@ class SRDataset(IterableDataset):
                     f"{folder}: verify='sha256' needs sha256 digests per member; an index of foreign shards "
                     "(shardmaker index) records xxh3_64: use verify='xxh3_64'"
                 )
-            if m.files is not None and c.cache_dir is not None:
-                log.warning("%s: an index of image files: cache_dir= keeps shards, not files (decoded_cache= works)", folder)
             self._check_patches_fit(folder, m)
             self._check_clips(folder, m)
             reader = ShardReader(folder, m, storage_options, self.config.read_config())

@@ -25,6 +25,7 @@ from shardmaker.format import Manifest, ShardInfo
 from wdsr.errors import SampleError, SampleUnavailable
 from wdsr.pipeline.plan import Span
 from wdsr.store import remote
+from wdsr.store.cache import CacheMismatch, FileEntry, ShardCache
 
 Fetched = tuple[dict[str, bytes | bytearray], int]
 
@@ -32,9 +33,16 @@ Fetched = tuple[dict[str, bytes | bytearray], int]
 class RootOpener:
     """The filesystems of an index's roots (HR, each LR scale), opened once per process."""
 
-    def __init__(self, manifest: Manifest, storage_options: dict[str, Any], retry: remote.Retry) -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        storage_options: dict[str, Any],
+        retry: remote.Retry,
+        cache: ShardCache | None = None,
+        count: Callable[[str], None] = lambda name: None,
+    ) -> None:
         assert manifest.files is not None and manifest.members is not None
-        self.files, self.retry = manifest.files, retry
+        self.files, self.retry, self.cache, self.count = manifest.files, retry, cache, count
         self.side = {manifest.members.hr: None, **{n: s for s, n in manifest.members.lr.items()}}
         self._opened: dict[str, tuple[Any, str, bool]] = {}
         self._options = storage_options
@@ -64,11 +72,7 @@ def read_file(
     url = storage.url_of(fs, path)
     if far:
         rf = remote.RemoteFile(fs, path, url, roots.retry, on_retry=on_retry)
-        try:
-            data: bytes | bytearray = rf.read(0, size)
-        except remote.ReadFailed as exc:
-            err = SampleUnavailable if isinstance(exc, remote.ReadUnavailable) else SampleError
-            raise err(info.name, key, f"{url}: {exc.reason}") from None
+        data: bytes | bytearray = _remote(roots, rf, info, i, member)
     else:
         try:
             with storage.open_regular(path) as f:
@@ -87,6 +91,37 @@ def read_file(
     if roots.files.digested and xxhash.xxh3_64_intdigest(data) != digest:
         raise SampleError(info.name, key, f"{url}: its xxh3_64 differs from the index's (changed since it was indexed)")
     return data
+
+
+def _remote(roots: RootOpener, rf: remote.RemoteFile, info: ShardInfo, i: int, member: str) -> bytes | bytearray:
+    """A remote file in one GET, or from the node-local cache (``cache_dir=``), which keeps files by
+    their xxh3_64 and size (filled by one process per node, checked before it is kept)."""
+    assert info.files is not None
+    size, digest, key = int(info.files[member].bytes[i]), int(info.files[member].xxh3_64[i]), info.keys[i]
+
+    def get() -> bytearray:
+        try:
+            return rf.read(0, size)
+        except remote.ReadFailed as exc:
+            err = SampleUnavailable if isinstance(exc, remote.ReadUnavailable) else SampleError
+            raise err(info.name, key, f"{rf.url}: {exc.reason}") from None
+
+    if roots.cache is None or not roots.files.digested:
+        return get()
+    entry = FileEntry(digest, size)
+    hit = roots.cache.lookup(entry)
+    if hit is None:
+        try:
+            hit, downloaded = roots.cache.fill(entry, lambda write: write(bytes(get())))
+        except CacheMismatch as exc:
+            raise SampleError(info.name, key, f"{rf.url}: {exc.reason} (changed since it was indexed)") from None
+        if hit is None:  # larger than the whole cache
+            return get()
+        roots.count("cache_misses" if downloaded else "cache_hits")
+    else:
+        roots.count("cache_hits")
+    with storage.open_regular(str(hit)) as f:
+        return f.read()
 
 
 def file_span(

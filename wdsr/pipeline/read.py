@@ -183,7 +183,7 @@ class ShardReader:
     def _files_span(self, info: ShardInfo, span: Span, wanted: frozenset[str]) -> Iterator[RawSample]:
         """An index of image files: each sample's files read whole and checked (:mod:`.infiles`)."""
         if self._roots is None:
-            self._roots = RootOpener(self.manifest, self.storage_options, self.options.retry)
+            self._roots = RootOpener(self.manifest, self.storage_options, self.options.retry, self.cache, self._count)
         remote_files = fsspec.utils.get_protocol(self.manifest.files.hr) not in ("file", "local")  # type: ignore[union-attr]
         if remote_files and self.options.read_ahead and self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="wdsr-read-ahead")
