@@ -35,6 +35,7 @@ from shardmaker.version import __version__
 
 log = logging.getLogger("shardmaker")
 _CHUNK = 8 << 20
+_WINDOW = 1024  # files submitted to the readers at a time
 
 
 class FileIndexError(ShardmakerError, ValueError):
@@ -176,7 +177,9 @@ def index_files(hr_src: str, out: str, cfg: FileIndexConfig) -> FileIndexResult:
             finally:
                 bar.update(1)
 
-        entries = list(pool.map(one, pairs))
+        entries: list[dict[int | None, FileEntry] | InputError] = []
+        for a in range(0, len(pairs), _WINDOW):  # a window of futures at a time: memory does not grow with them
+            entries += pool.map(one, pairs[a : a + _WINDOW])
     good, kind = _keep(pairs, entries, cfg, skips)
     skips.summarise()
     if not good:
@@ -195,7 +198,7 @@ def index_files(hr_src: str, out: str, cfg: FileIndexConfig) -> FileIndexResult:
         files=roots,
     )
     data = m.dumps()
-    m = mf.parse(data, out)  # as readers will see it: checked against the schema before it is written
+    m = mf.parse(data, out, compact=True)  # as readers see it (columns): checked before it is written
     ofs.makedirs(oroot, exist_ok=True)
     storage.write_atomic(ofs, colindex.index_path(target), colindex.encode(m, data))  # first: the manifest commits
     storage.write_atomic(ofs, target, data)
