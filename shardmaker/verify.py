@@ -387,6 +387,12 @@ def _tiles_rows(m: mf.Manifest) -> list[tuple[str, str]]:
     return rows
 
 
+def _members_text(members: mf.MemberNames) -> str:
+    """``hr.png + x4: lr_x4.png``; an HR-only index: ``hr.png``."""
+    lr = ", ".join(f"x{s}: {n}" for s, n in sorted(members.lr.items()))
+    return f"{members.hr} + {lr}" if lr else members.hr
+
+
 def _index_of(m: Manifest) -> str:
     if m.files is None:
         return "foreign shards (shardmaker index): read in place, members by offset"
@@ -421,11 +427,7 @@ def info_text(url: str, storage_options: dict[str, Any] | None = None) -> str:
         ("bytes", f"{m.bytes} ({m.bytes / 1e9:.3f} GB)"),
         ("scales", ", ".join(f"x{s}" for s in m.scales) or "none (HR-only)"),
         ("codec", m.codec),
-        *(
-            [("members", f"{m.members.hr} + " + ", ".join(f"x{s}: {n}" for s, n in sorted(m.members.lr.items())))]
-            if m.members
-            else []
-        ),
+        *([("members", _members_text(m.members))] if m.members else []),
         *([("index of", _index_of(m))] if m.members else []),
         ("lr method", m.lr_method),
         ("HR size", f"{lo[0]}x{lo[1]} .. {hi[0]}x{hi[1]}"),
