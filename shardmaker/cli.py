@@ -1,4 +1,4 @@
-"""``shardmaker`` command line: parsing only; the work lives in builder/, index.py, verify.py and peek.py."""
+"""``shardmaker`` command line: parsing only; the work lives in builder/, index.py, indexfiles.py, verify.py and peek.py."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ import collections
 import logging
 import os
 import posixpath
+import re
 import signal
 import sys
 from typing import Any
 
 from shardmaker.builder import BuildConfig, build, merge_when_ready
 from shardmaker.builder.clips import DEFAULT_MAX_SPAN, DEFAULT_SEGMENT, ClipOptions
+from shardmaker.builder.fromindex import load_files_index
 from shardmaker.builder.regions import DEFAULT_REGION
 from shardmaker.builder.sample import LrMethod, SampleConfig
 from shardmaker.commandline import OneLineParser, configure_logging, error_exit, parse_args, parse_part, parse_scales, parse_size
@@ -20,6 +22,7 @@ from shardmaker.errors import OnError, ShardmakerError, brief
 from shardmaker.imaging.codecs import Codec
 from shardmaker.imaging.resize import ResizeMethod
 from shardmaker.index import IndexConfig, index
+from shardmaker.indexfiles import FileIndexConfig, index_files
 from shardmaker.peek import cat, ls_lines
 from shardmaker.verify import info_text, verify
 from shardmaker.version import __version__
@@ -56,13 +59,21 @@ def _build_parser(sub: Any) -> None:
     b.add_argument(
         "hr_src",
         metavar="HR_SRC",
-        nargs="+",
+        nargs="*",
         help="folder of HR images (searched recursively; symbolic links are "
         "followed, also out of the folder; FIFOs and other non-regular files are skipped with a warning); "
         "or several folders, or brace patterns of files ('photos/{0001..0800}.png'): then each key starts "
         "with its source's path below their common folder (DIV2K/0001, Flickr2K/000001)",
     )
     b.add_argument("out", metavar="OUT", help="output folder or URL (memory://, s3://bucket/prefix, ...)")
+    b.add_argument(
+        "--from",
+        dest="from_index",
+        default=None,
+        metavar="IDX",
+        help="build from an index of image files (shardmaker index DIR ...) instead of HR_SRC: the shards a build from "
+        "its folders writes (its LR if it has one), each file checked against the index first",
+    )
     b.add_argument(
         "--lr",
         action="append",
@@ -241,16 +252,19 @@ def _merge_parser(sub: Any) -> None:
 def _index_parser(sub: Any) -> None:
     x = sub.add_parser(
         "index",
-        help="write a manifest for tar shards another tool wrote (wds.ShardWriter, tar, tarp), without rewriting them",
+        help="write a manifest for image files in place, or for tar shards another tool wrote, without converting them",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Read each shard once (streaming, several at a time) and write a wdsr manifest beside them: the\n"
-        "samples, where each member is (any order, any place in the shard), the members' xxh3_64, each\n"
-        "shard's sha256 and the HR sizes (from the image headers, no decode). wdsr.SRDataset then streams\n"
-        "the shards as they are, with every guarantee it has for shardmaker's own shards.\n\n"
-        "Members are matched by the names given: with --hr jpg --lr 4:x4.jpg, 'a.b.x4.jpg' is the x4 LR of\n"
-        "sample 'a.b' (the longest name first, so keys may hold dots); other members are left alone.\n"
+        description="Image files (give --lr FOLDER or --hr-only): list and pair the folder or prefix as `build` does,\n"
+        "read each file's header and xxh3_64 once (no decode), and write an index (-o) naming the files in\n"
+        "place; SRDataset(IDX) streams them, `shardmaker build --from IDX OUT` makes shards of them later.\n\n"
+        "Tar shards (give --hr NAME --lr SCALE:NAME): read each shard once (streaming, several at a time) and\n"
+        "write a wdsr manifest beside them: the samples, where each member is, the members' xxh3_64, each\n"
+        "shard's sha256 and the HR sizes (from the image headers, no decode). Members are matched by the names\n"
+        "given: with --hr jpg --lr 4:x4.jpg, 'a.b.x4.jpg' is the x4 LR of sample 'a.b' (the longest name first).\n"
         "Decoders: png (8/16-bit), qoi, jpg/jpeg (libjpeg-turbo through simplejpeg, else Pillow), webp.\n\n"
         "examples:\n"
+        "  shardmaker index /data/DIV2K_train_HR --lr /data/DIV2K_train_LR_bicubic/X4 -o /data/idx/div2k\n"
+        "  shardmaker index s3://bucket/photos/ --hr-only -o s3://mine/idx/photos\n"
         "  shardmaker index 's3://bucket/div2k/train-{000000..000099}.tar' --hr hr.png --lr 4:lr.png\n"
         "  shardmaker index /data/df2k --hr jpg --lr 2:x2.jpg --lr 4:x4.jpg -o /data/df2k/wdsr.json --on-error skip",
     )
@@ -258,24 +272,33 @@ def _index_parser(sub: Any) -> None:
         "shards",
         nargs="+",
         metavar="URL_OR_PATTERN",
-        help="a folder (every *.tar in it), a brace pattern (shard-{000000..000099}.tar) or shard URLs; one folder",
+        help="image files: the HR folder or URL; tar shards: a folder (every *.tar in it), a brace pattern "
+        "(shard-{000000..000099}.tar) or shard URLs; one folder",
     )
     x.add_argument(
         "-o",
         "--out",
         metavar="MANIFEST_URL",
-        help="where to write the manifest, in the shards' folder (default: FOLDER/manifest.json); "
-        "a manifest with another name is opened with SRDataset(FOLDER, manifest=MANIFEST_URL)",
+        help="image files (required): the index's folder (IDX/manifest.json) or a .json URL, outside the sources; "
+        "tar shards: where to write the manifest, in the shards' folder (default: FOLDER/manifest.json)",
     )
-    x.add_argument("--hr", required=True, metavar="NAME", help="the HR member's name after the key: hr.png, jpg, ...")
+    x.add_argument("--hr", metavar="NAME", help="tar shards: the HR member's name after the key: hr.png, jpg, ...")
     x.add_argument(
         "--lr",
-        required=True,
         action="append",
-        type=_scale_member,
-        metavar="SCALE:NAME",
-        help="an LR member and its scale, e.g. 4:x4.jpg or 4:lr.png (repeat for several scales)",
+        default=[],
+        metavar="FOLDER|SCALE:NAME",
+        help="image files: a folder or URL of provided LR images, one per scale (repeatable; paired as build pairs: same "
+        "name, name + 'x<scale>', or --lr-pattern); tar shards: an LR member and its scale, e.g. 4:x4.jpg",
     )
+    x.add_argument("--lr-pattern", default=None, metavar="PATTERN", help="image files: LR names as `build --lr-pattern`")
+    x.add_argument("--hr-only", action="store_true", help="image files: HR alone (stream with lr='bicubic' or degrade=)")
+    x.add_argument(
+        "--no-digest",
+        action="store_true",
+        help="image files: record sizes alone, not each file's xxh3_64 (faster; a same-size change goes unnoticed)",
+    )
+    x.add_argument("--seed", type=int, default=0, help="image files: the sample order, as build --seed (default 0)")
     x.add_argument(
         "--on-error",
         choices=[e.value for e in OnError],
@@ -283,7 +306,7 @@ def _index_parser(sub: Any) -> None:
         help="a sample that lacks a member, has an unreadable header or an HR that is not s x LR: fail "
         "(default, naming shard and key) or skip it (listed in the manifest's build.skipped)",
     )
-    x.add_argument("--workers", type=int, default=4, help="shards read at a time (default 4)")
+    x.add_argument("--workers", type=int, default=4, help="shards (or files) read at a time (default 4)")
     x.add_argument(
         "--max-pixels",
         type=int,
@@ -295,7 +318,7 @@ def _index_parser(sub: Any) -> None:
         type=int,
         choices=(1, 3),
         default=None,
-        help="every sample's channels: 1 (grey) or 3 (RGB); a sample of another kind is a bad sample "
+        help="tar shards: every sample's channels: 1 (grey) or 3 (RGB); a sample of another kind is a bad sample "
         "(default: the first usable sample's)",
     )
     x.add_argument(
@@ -303,9 +326,12 @@ def _index_parser(sub: Any) -> None:
         type=int,
         choices=(8, 16),
         default=None,
-        help="every sample's bit depth, 8 or 16; a sample of another is a bad sample (default: the first usable sample's)",
+        help="tar shards: every sample's bit depth, 8 or 16; a sample of another is a bad sample "
+        "(default: the first usable sample's)",
     )
-    x.add_argument("--wids", action="store_true", help="also write NAME.wids.json, a shard list for wids.ShardListDataset")
+    x.add_argument(
+        "--wids", action="store_true", help="tar shards: also write NAME.wids.json, a shard list for wids.ShardListDataset"
+    )
     x.add_argument("--overwrite", action="store_true", help="replace a manifest already at MANIFEST_URL")
 
 
@@ -354,12 +380,16 @@ def _cat(args: argparse.Namespace) -> int:
 def _scale_member(text: str) -> tuple[int, str]:
     scale, _, name = text.partition(":")
     if not scale.strip().isdigit() or not name or not 2 <= int(scale) <= 16:
-        raise argparse.ArgumentTypeError(f"--lr wants SCALE:NAME with SCALE 2..16 (e.g. 4:x4.jpg), got {text!r}")
+        raise ValueError(f"--lr wants SCALE:NAME with SCALE 2..16 (e.g. 4:x4.jpg), got {text!r}")
     return int(scale), name
 
 
 def _index(args: argparse.Namespace) -> int:
-    lr = dict(args.lr)
+    if args.hr is None:
+        return _index_files(args)
+    lr = dict(_scale_member(t) for t in args.lr)
+    if not lr:
+        raise ValueError("--hr NAME indexes tar shards: give their LR members as --lr SCALE:NAME")
     if len(lr) != len(args.lr):
         raise ValueError("--lr: one member per scale")
     cfg = IndexConfig(
@@ -388,6 +418,39 @@ def _index(args: argparse.Namespace) -> int:
     return 0
 
 
+def _index_files(args: argparse.Namespace) -> int:
+    if any(re.fullmatch(r"\d+:.+", t) for t in args.lr) or args.wids or args.channels or args.bit_depth:
+        raise ValueError("--lr SCALE:NAME, --wids, --channels and --bit-depth are for tar shards: give --hr NAME too")
+    if len(args.shards) != 1 or not args.out:
+        raise ValueError("index of image files: one HR folder or URL, and -o IDX (--hr NAME indexes tar shards)")
+    cfg = FileIndexConfig(
+        lr=tuple(args.lr),
+        lr_pattern=args.lr_pattern,
+        hr_only=args.hr_only,
+        digest=not args.no_digest,
+        on_error=OnError(args.on_error),
+        workers=args.workers,
+        max_pixels=args.max_pixels,
+        seed=args.seed,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+    )
+    res = index_files(args.shards[0], args.out, cfg)
+    m = res.manifest
+    assert m.members is not None and m.files is not None
+    checked = "sizes and xxh3_64" if m.files.digested else "sizes alone (--no-digest)"
+    print(
+        f"wrote {res.path}: {m.samples} samples ({', '.join(m.members.names())}), {m.bytes / 1e6:.1f} MB of files "
+        f"in place, {checked} recorded, {res.seconds:.1f} s"
+    )
+    if res.skipped_count:
+        print(f"skipped {res.skipped_count}:")
+        for sk in res.skipped[:_LISTED]:
+            print(f"  {sk.get('path', '')}: {sk['reason']}")
+        _and_more(res.skipped_count)
+    return 0
+
+
 _LISTED = 20  # skipped samples or sources the summary names; the manifest counts them all by reason
 
 
@@ -406,11 +469,16 @@ def _tiles(text: str) -> int | str:
 
 
 def _build(args: argparse.Namespace) -> int:
+    if bool(args.hr_src) == bool(args.from_index) or (args.from_index and (args.lr or args.lr_pattern or args.clips)):
+        raise ValueError("give HR_SRC (and --lr folders) or --from IDX (an index of image files, no --lr or --clips), not both")
+    provided = bool(args.lr) or bool(args.from_index and load_files_index(args.from_index).scales)
     # With --lr, the scales come from the LR folders; --scale, if given, must agree with them.
-    scales = args.scale or (() if args.lr else (4,))
+    scales = args.scale or (() if provided else (4,))
     if args.hr_only and (args.lr or args.scale):
         raise ValueError("--hr-only stores HR images alone: leave out --lr and --scale (the stream makes LR: lr='bicubic')")
-    method = LrMethod.NONE if args.hr_only else LrMethod.PROVIDED if args.lr else LrMethod(args.lr_method)
+    if args.hr_only and provided:
+        raise ValueError("--hr-only stores HR images alone; this index has LR images (build them, or index with --hr-only)")
+    method = LrMethod.NONE if args.hr_only else LrMethod.PROVIDED if provided else LrMethod(args.lr_method)
     cfg = SampleConfig(
         scales=scales,
         codec=Codec(args.codec),
@@ -424,7 +492,7 @@ def _build(args: argparse.Namespace) -> int:
         min_valid=args.min_valid,
     )
     opts = BuildConfig(
-        hr_src=args.hr_src[0] if len(args.hr_src) == 1 else tuple(args.hr_src),
+        hr_src=args.from_index or (args.hr_src[0] if len(args.hr_src) == 1 else tuple(args.hr_src)),
         out=args.out,
         lr_srcs=tuple(args.lr),
         lr_pattern=args.lr_pattern,
@@ -439,6 +507,7 @@ def _build(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         strict_resume=args.strict_resume,
         clips=ClipOptions(args.segment, args.max_span) if args.clips else None,
+        from_index=args.from_index,
     )
     res = build(opts)
     # a clip build counts clips (each written as segment samples of frames), an image build images

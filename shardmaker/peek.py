@@ -21,7 +21,8 @@ import xxhash
 
 from shardmaker import format as mf
 from shardmaker import imaging, storage
-from shardmaker.errors import ShardmakerError
+from shardmaker.builder.fromindex import read_file
+from shardmaker.errors import InputError, ShardmakerError
 from shardmaker.format import Manifest, ShardInfo, tario
 
 __all__ = ["PeekError", "SampleFiles", "cat", "ls_lines", "manifest_of"]
@@ -155,7 +156,12 @@ def cat(url: str, key: str, out_dir: str | Path, storage_options: dict[str, Any]
     sh, i = _find(m, key, url)
     fs, root = storage.open_dir(folder, storage_options)
     path = mf.shard_path(root, sh.name)
-    if sh.members is not None:
+    if sh.files is not None:
+        try:
+            members = {name: read_file(m, sh, i, name, storage_options) for name in sh.files}
+        except InputError as exc:
+            raise PeekError(f"{sh.name} key {key!r}: {exc}") from None
+    elif sh.members is not None:
         members = _foreign_members(sh, i, fs, path)
     else:
         end = int(sh.offsets[i + 1]) if i + 1 < sh.samples else sh.bytes

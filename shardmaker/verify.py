@@ -12,6 +12,7 @@ import xxhash
 from tqdm import tqdm
 
 from shardmaker import storage
+from shardmaker.builder.fromindex import check_files, read_file, samples_of
 from shardmaker.errors import InputError
 from shardmaker.format import (
     JSON_MEMBER,
@@ -306,6 +307,8 @@ def verify(url: str, deep: bool = False, progress: bool = True, storage_options:
     """Every problem found in the shard set at ``url`` (empty list: all good)."""
     url, name = locate(url)
     m = load(url, storage_options, name=name)
+    if m.files is not None:
+        return _index_problems(url, storage_options, name, m) + verify_files(m, deep, progress, storage_options)
     fs, root = storage.open_dir(url, storage_options)
     problems = _index_problems(url, storage_options, name, m)
     with tqdm(total=m.bytes, unit="B", unit_scale=True, desc="verify", disable=not progress) as bar:
@@ -321,6 +324,25 @@ def verify(url: str, deep: bool = False, progress: bool = True, storage_options:
                 continue
             problems += verify_shard(m, info, data, deep)
             bar.update(info.bytes)
+    return problems
+
+
+def verify_files(m: Manifest, deep: bool, progress: bool, storage_options: dict[str, Any] | None = None) -> list[str]:
+    """An index of image files: each file's size and xxh3_64 against the index (``--no-digest``: size);
+    ``deep`` also checks headers, decodes and HR = s x LR."""
+    bad = check_files(m, storage_options, progress=progress)
+    problems = [f"{info.name} key {info.keys[i]!r}: {bad[info.keys[i]]}" for info, i in samples_of(m) if info.keys[i] in bad]
+    if not deep:
+        return problems
+    assert m.members is not None
+    for info, i in samples_of(m):
+        if info.keys[i] not in bad:
+            try:
+                found = {n: read_file(m, info, i, n, storage_options) for n in m.members.names()}
+            except InputError as exc:  # changed since it was checked
+                problems.append(f"{info.name} key {info.keys[i]!r}: {exc}")
+                continue
+            problems += [f"{info.name} key {info.keys[i]!r}: {p}" for p in _check_indexed_pair(m, found, info.hr_sizes[i])]
     return problems
 
 
@@ -365,6 +387,20 @@ def _tiles_rows(m: mf.Manifest) -> list[tuple[str, str]]:
     return rows
 
 
+def _members_text(members: mf.MemberNames) -> str:
+    """``hr.png + x4: lr_x4.png``; an HR-only index: ``hr.png``."""
+    lr = ", ".join(f"x{s}: {n}" for s, n in sorted(members.lr.items()))
+    return f"{members.hr} + {lr}" if lr else members.hr
+
+
+def _index_of(m: Manifest) -> str:
+    if m.files is None:
+        return "foreign shards (shardmaker index): read in place, members by offset"
+    lr = "".join(f", x{s} LR under {r}" for s, r in sorted(m.files.lr.items()))
+    digest = "size and xxh3_64" if m.files.digested else "size alone (--no-digest)"
+    return f"image files in place (groups of files, not shards): HR under {m.files.hr}{lr}; each file checked by {digest}"
+
+
 def _index_text(url: str, storage_options: dict[str, Any] | None, name: str) -> str:
     """Whether the streaming reader maps a column index (``NAME.idx``) or parses the JSON."""
     present, indexed = load_index(url, storage_options, name)
@@ -391,12 +427,8 @@ def info_text(url: str, storage_options: dict[str, Any] | None = None) -> str:
         ("bytes", f"{m.bytes} ({m.bytes / 1e9:.3f} GB)"),
         ("scales", ", ".join(f"x{s}" for s in m.scales) or "none (HR-only)"),
         ("codec", m.codec),
-        *(
-            [("members", f"{m.members.hr} + " + ", ".join(f"x{s}: {n}" for s, n in sorted(m.members.lr.items())))]
-            if m.members
-            else []
-        ),
-        *([("index of", "foreign shards (shardmaker index): read in place, members by offset")] if m.members else []),
+        *([("members", _members_text(m.members))] if m.members else []),
+        *([("index of", _index_of(m))] if m.members else []),
         ("lr method", m.lr_method),
         ("HR size", f"{lo[0]}x{lo[1]} .. {hi[0]}x{hi[1]}"),
         ("kind", mf.kind_text(m.channels, m.bit_depth) if m.channels and m.bit_depth else "not recorded"),

@@ -33,6 +33,7 @@ class BuildConfig:
     progress: bool = True
     clips: ClipOptions | None = None  # CLIPS is a folder of clips (frame folders, videos): samples are clip segments
     strict_resume: bool = False  # resume only over sources whose content hash is unchanged (reads them all once)
+    from_index: str | None = None  # build --from IDX: the samples of an index of image files (hr_src: its HR root)
     skip_errors: dataclasses.InitVar[bool | None] = None  # deprecated: on_error=OnError.SKIP
 
     def __post_init__(self, skip_errors: bool | None) -> None:

@@ -40,6 +40,7 @@ from shardmaker.builder.config import (
     BuildResult,
     shard_name,
 )
+from shardmaker.builder.fromindex import check_files, load_files_index, pairs_of
 from shardmaker.builder.output import Output
 from shardmaker.builder.sample import EncodedSample, LrMethod, encode_or_skip
 from shardmaker.builder.sources import Collector, Pair, Skipped, scan_sources, split_regions
@@ -272,9 +273,12 @@ def _scan(opts: BuildConfig) -> tuple[list[Pair], list[Skipped], list[str]]:
             raise BuildError("--clips takes one folder of clips (and --lr folders of LR clips; no --lr-pattern)")
         hr, lr = _hr_sources(opts)[0], opts.lr_srcs
         return scan_clips(hr, lr, opts.clips, cfg.mod_crop, opts.on_error, cfg.storage_options, cfg.max_pixels, cfg.drop_alpha)
-    pairs, skipped, ignored = scan_sources(
-        _hr_sources(opts), opts.lr_srcs, cfg.mod_crop, opts.on_error, cfg.storage_options, opts.lr_pattern
-    )
+    if opts.from_index is not None:
+        pairs, skipped, ignored = _indexed(opts)
+    else:
+        pairs, skipped, ignored = scan_sources(
+            _hr_sources(opts), opts.lr_srcs, cfg.mod_crop, opts.on_error, cfg.storage_options, opts.lr_pattern
+        )
     out = Collector(opts.on_error)  # an image over --max-pixels (also one read by region) is refused before planning
     pairs = split_regions(pairs, cfg.region, None if opts.lr_srcs else cfg.scales or (1,), cfg.max_pixels, out)
     if not pairs and out.skipped:
@@ -282,9 +286,39 @@ def _scan(opts: BuildConfig) -> tuple[list[Pair], list[Skipped], list[str]]:
     return pairs, [*skipped, *out.skipped], ignored
 
 
+def _indexed(opts: BuildConfig) -> tuple[list[Pair], list[Skipped], list[str]]:
+    """``--from IDX``: the index's pairs (as the scan of its folder gives them), each file checked against
+    the index first (size, xxh3_64): a changed one stops the build, or with ``--on-error skip`` is left out."""
+    assert opts.from_index is not None
+    m = load_files_index(opts.from_index, opts.sample.storage_options)
+    bad = check_files(m, opts.sample.storage_options, max(1, opts.workers), opts.progress)
+    pairs, skipped = [], []
+    for p in pairs_of(m):
+        if p.key in bad:
+            url, _, reason = bad[p.key].partition(": ")
+            if opts.on_error is OnError.FAIL:
+                raise InputError(url, reason)
+            skipped.append(Skipped(url, reason))
+        else:
+            pairs.append(p)
+    if not pairs:
+        raise BuildError(f"{opts.from_index}: every file changed since it was indexed; nothing to build")
+    return pairs, skipped, []
+
+
+def from_index(opts: BuildConfig) -> BuildConfig:
+    """``opts`` with the sources of its index (``--from``): its HR root, its LR roots (provided LR)."""
+    if opts.from_index is None:
+        return opts
+    m = load_files_index(opts.from_index, opts.sample.storage_options)
+    assert m.files is not None
+    return dataclasses.replace(opts, hr_src=m.files.hr, lr_srcs=tuple(m.files.lr[s] for s in sorted(m.files.lr)))
+
+
 def build(opts: BuildConfig) -> BuildResult:
     """Run a whole (or part) build; see the module docstring for the crash-safety contract."""
     t0 = time.perf_counter()
+    opts = from_index(opts)
     _refuse_out_inside_sources(opts)
     pairs, skipped_scan, ignored = _scan(opts)
     pairs, bad_keys = _good_keys(pairs, opts.on_error)

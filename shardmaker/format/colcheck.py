@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from shardmaker.format.files import MAX_FILE_BYTES
 from shardmaker.format.schema import BLOCK, MAX_SAMPLES, MAX_SHARD_BYTES, MAX_SIDE, ManifestError, check_shard_name
 from shardmaker.format.tiles import MAX_TILE, MIN_TILE
 
@@ -134,6 +135,29 @@ def _check_members(c: dict[str, np.ndarray], where: str, members: list[str], sta
             lowest = mo if lowest is None else np.minimum(lowest, mo)
         if lowest is not None:
             _first_bad(c, where, lowest != c["offsets"][a:b], a, "offsets", "a sample's offset must be that of its first member")
+
+
+def check_files(c: dict[str, np.ndarray], where: str, members: list[str]) -> None:
+    """An index of image files: each member's path boundaries run from 0 to the end of its paths, each
+    path 1-MAX_KEY_BYTES bytes (its rules are checked as it is read), each size 1..MAX_FILE_BYTES."""
+    for j, name in enumerate(members):
+        at = c[f"f{j}.path_at"]
+        if int(at[0]) != 0 or int(at[-1]) != len(c[f"f{j}.paths"]):
+            raise ManifestError(where, f"columns.f{j}.path_at", "path boundaries must run from 0 to the end of the paths")
+        for a in range(0, len(at) - 1, CHUNK):
+            step = np.diff(at[a : a + CHUNK + 1])  # unsigned: a boundary that goes back wraps to a huge step
+            if int(step.min()) < 1 or int(step.max()) > MAX_KEY_BYTES:
+                _first_bad(
+                    c,
+                    where,
+                    (step < 1) | (step > MAX_KEY_BYTES),
+                    a,
+                    f"files.{name}.paths",
+                    f"a path must be 1-{MAX_KEY_BYTES} bytes",
+                )
+        size = c[f"f{j}.bytes"]
+        if len(size) and (int(size.min()) < 1 or int(size.max()) > MAX_FILE_BYTES):
+            _first_bad(c, where, (size < 1) | (size > MAX_FILE_BYTES), 0, f"files.{name}.bytes", "must be 1 byte or more")
 
 
 def groups(starts: np.ndarray) -> Iterator[tuple[int, int]]:

@@ -20,7 +20,7 @@ import fsspec
 import numpy as np
 
 from shardmaker import storage
-from shardmaker.format.manifest import Manifest
+from shardmaker.format.manifest import Manifest, ShardInfo
 from shardmaker.format.schema import PROBE_BYTES, probe_of
 
 MAGIC = b"WDSRCOLS"
@@ -95,11 +95,25 @@ def columns_of(m: Manifest) -> dict[str, np.ndarray]:
         cols["tiles"] = np.concatenate(
             [np.zeros(s.samples, np.int64) if s.tiles is None else np.asarray(s.tiles, np.int64) for s in shards]
         ).astype("<u2")
+    if m.files is not None:
+        return cols | _file_columns(m, shards)
     for j, name in enumerate(m.members.names() if m.members is not None else []):
         got = [s.members[name] for s in shards if s.members is not None]
         cols[f"m{j}.offsets"] = _narrow(np.concatenate([c.offsets.astype(np.int64) for c in got]))
         cols[f"m{j}.bytes"] = _narrow(np.concatenate([c.bytes.astype(np.int64) for c in got]))
         cols[f"m{j}.xxh3_64"] = np.concatenate([c.xxh3_64 for c in got]).astype("<u8")
+    return cols
+
+
+def _file_columns(m: Manifest, shards: list[ShardInfo]) -> dict[str, np.ndarray]:
+    """An index of image files: each member's paths (bytes and boundaries), sizes and digests, ``f{j}.*``."""
+    assert m.members is not None
+    cols: dict[str, np.ndarray] = {}
+    for j, name in enumerate(m.members.names()):
+        got = [s.files[name] for s in shards if s.files is not None]
+        cols[f"f{j}.paths"], cols[f"f{j}.path_at"] = _blob([p.encode() for c in got for p in c.paths])
+        cols[f"f{j}.bytes"] = np.concatenate([c.bytes.astype(np.int64) for c in got]).astype("<u8")
+        cols[f"f{j}.xxh3_64"] = np.concatenate([c.xxh3_64 for c in got]).astype("<u8")
     return cols
 
 

@@ -23,9 +23,10 @@ import numpy as np
 
 from shardmaker import storage
 from shardmaker.errors import InputError
-from shardmaker.format.colcheck import check_samples, check_shards
+from shardmaker.format.colcheck import check_files, check_samples, check_shards
 from shardmaker.format.colindex import ALIGN, MAGIC, MAX_HEADER, PREFIX, VERSION, data_start, index_path
 from shardmaker.format.columns import MemberColumns
+from shardmaker.format.files import FileColumns
 from shardmaker.format.manifest import Manifest, ShardInfo, check_totals, top_fields
 from shardmaker.format.schema import PROBE_BYTES, SHA256, ManifestError, key_problem, probe_of
 
@@ -86,8 +87,10 @@ class ShardTable(Sequence[ShardInfo]):
     ``totals`` are the dataset's samples and bytes. Pickled as where the index is, so a spawned
     DataLoader worker maps the same file instead of receiving a copy."""
 
-    def __init__(self, cols: dict[str, np.ndarray], members: list[str], where: str, source: tuple[str, Any, str]) -> None:
-        self._c, self._members, self._where, self._source = cols, members, where, source
+    def __init__(
+        self, cols: dict[str, np.ndarray], members: list[str], where: str, source: tuple[str, Any, str], files: bool = False
+    ) -> None:
+        self._c, self._members, self._where, self._source, self._files = cols, members, where, source, files
         self._n = len(cols["starts"]) - 1
         self.totals = (int(cols["starts"][-1]), int(cols["shard_bytes"].sum()))
 
@@ -110,9 +113,19 @@ class ShardTable(Sequence[ShardInfo]):
         c = self._c
         a, b = int(c["starts"][i]), int(c["starts"][i + 1])
         name, flags = self.name(i), int(c["flags"][i])
-        keys = IndexKeys(c["keys"], c["key_at"][a : b + 1], bool(self._members), self._where, f"shards[{i}] ({name}).keys")
-        members = None
-        if self._members:
+        foreign = bool(self._members) and not self._files  # keys as another tool wrote them: dots allowed
+        keys = IndexKeys(c["keys"], c["key_at"][a : b + 1], foreign, self._where, f"shards[{i}] ({name}).keys")
+        members = files = None
+        if self._files:
+            files = {
+                m: FileColumns(
+                    IndexKeys(c[f"f{j}.paths"], c[f"f{j}.path_at"][a : b + 1], True, self._where, f"shards[{i}].files.{m}.paths"),
+                    c[f"f{j}.bytes"][a:b],
+                    c[f"f{j}.xxh3_64"][a:b],
+                )
+                for j, m in enumerate(self._members)
+            }
+        elif self._members:
             members = {
                 m: MemberColumns(c[f"m{j}.offsets"][a:b], c[f"m{j}.bytes"][a:b], c[f"m{j}.xxh3_64"][a:b])
                 for j, m in enumerate(self._members)
@@ -128,6 +141,7 @@ class ShardTable(Sequence[ShardInfo]):
             c["probe"][i].tobytes().hex() if flags & 1 else None,
             members,
             c["tiles"][a:b] if flags & 2 else None,
+            files,
         )
 
     @overload
@@ -230,13 +244,16 @@ def reopen(url: str, storage_options: dict[str, Any] | None, sha256: str) -> Sha
 
 def _manifest(buf: Any, h: dict[str, Any], where: str, source: tuple[str, Any, str]) -> Manifest:
     top = top_fields(h["top"], where)
+    files = top["files"] is not None
     members = top["members"].names() if top["members"] is not None else []
     if h["member_names"] != members:
         raise ManifestError(where, "member_names", f"must be {members}, the manifest's members in order")
-    cols = _columns(buf, h, where, len(members))
+    cols = _columns(buf, h, where, len(members), files)
     check_shards(cols, where, bool(members))
-    check_samples(cols, where, members)
-    m = Manifest(shards=ShardTable(cols, members, where, source), identity=h["manifest"]["sha256"], **top)
+    check_samples(cols, where, [] if files else members)
+    if files:
+        check_files(cols, where, members)
+    m = Manifest(shards=ShardTable(cols, members, where, source, files), identity=h["manifest"]["sha256"], **top)
     check_totals(m, h["top"], where)
     return m
 
@@ -259,7 +276,7 @@ def _column(buf: Any, h: dict[str, Any], name: str, dtypes: tuple[str, ...], sha
     return np.frombuffer(buf, dtype=dtype, count=count, offset=h["base"] + off).reshape(got)
 
 
-def _columns(buf: Any, h: dict[str, Any], where: str, members: int) -> dict[str, np.ndarray]:
+def _columns(buf: Any, h: dict[str, Any], where: str, members: int, files: bool = False) -> dict[str, np.ndarray]:
     h["where"] = where
     c = {"starts": _column(buf, h, "starts", ("<u8",), (None,))}
     shards = len(c["starts"]) - 1
@@ -277,8 +294,11 @@ def _columns(buf: Any, h: dict[str, Any], where: str, members: int) -> dict[str,
         ("keys", ("|u1",), (None,)),
         ("offsets", U4U8, (n,)),
         ("hr_sizes", ("<u2", "<u4"), (n, 2)),
-        *[(f"m{j}.{f}", U4U8, (n,)) for j in range(members) for f in ("offsets", "bytes")],
-        *[(f"m{j}.xxh3_64", ("<u8",), (n,)) for j in range(members)],
+        *[(f"m{j}.{f}", U4U8, (n,)) for j in range(0 if files else members) for f in ("offsets", "bytes")],
+        *[(f"m{j}.xxh3_64", ("<u8",), (n,)) for j in range(0 if files else members)],
+        *[(f"f{j}.{f}", ("<u8",), (n,)) for j in range(members if files else 0) for f in ("bytes", "xxh3_64")],
+        *[(f"f{j}.path_at", ("<u8",), (n + 1,)) for j in range(members if files else 0)],
+        *[(f"f{j}.paths", ("|u1",), (None,)) for j in range(members if files else 0)],
         *([("tiles", ("<u2",), (n,))] if "tiles" in h["columns"] else []),
     ]:
         c[name] = _column(buf, h, name, dtypes, shape)

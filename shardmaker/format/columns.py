@@ -36,8 +36,9 @@ class MemberNames:
         return {"hr": self.hr, "lr": {str(s): self.lr[s] for s in sorted(self.lr)}}
 
     @classmethod
-    def from_json(cls, d: Any, where: str = MANIFEST) -> MemberNames:
-        if type(d) is not dict or set(d) != {"hr", "lr"} or type(d["lr"]) is not dict or not d["lr"]:
+    def from_json(cls, d: Any, where: str = MANIFEST, hr_only: bool = False) -> MemberNames:
+        """``hr_only``: an index of HR files alone may name no LR member."""
+        if type(d) is not dict or set(d) != {"hr", "lr"} or type(d["lr"]) is not dict or not (d["lr"] or hr_only):
             raise ManifestError(where, "members", 'must be {"hr": NAME, "lr": {"SCALE": NAME, ...}}')
         lr: dict[int, str] = {}
         for s, name in d["lr"].items():

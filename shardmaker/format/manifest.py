@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from shardmaker.format.columns import KeyColumn, MemberColumns, MemberNames
+from shardmaker.format.files import FileColumns, FileRoots
 from shardmaker.format.schema import (
     BLOCK,
     CODECS,
@@ -117,6 +118,7 @@ class ShardInfo:
     members: dict[str, MemberColumns] | None = None  # foreign shards (an index): where each member is
     # each sample's HR tile side (0: stored whole); None: no sample of the shard is tiled
     tiles: Sequence[int] | None = None
+    files: dict[str, FileColumns] | None = None  # an index of image files (format.files): a group, each member's files
 
     def __post_init__(self) -> None:
         n = self.samples
@@ -152,6 +154,8 @@ class ShardInfo:
             d["members"] = {name: cols.to_json() for name, cols in self.members.items()}
         if self.tiles is not None:
             d["tiles"] = [int(t) for t in self.tiles]
+        if self.files is not None:
+            d["files"] = {name: cols.to_json() for name, cols in self.files.items()}
         return d
 
     @classmethod
@@ -183,6 +187,8 @@ class ShardInfo:
         if not SHA256.fullmatch(digest):
             raise ManifestError(where, f"{f}.sha256", "must be 64 lowercase hex digits")
         indexed = "members" in d
+        if indexed and "files" in d:
+            raise ManifestError(where, f"{f}.files", "a group of files has no tar members")
         keys = list_field(d["keys"], where, f"{f}.keys", samples)
         for i, k in enumerate(keys):
             why = key_problem(k, dots=indexed)
@@ -225,6 +231,15 @@ class ShardInfo:
             for i, t in enumerate(tiles):
                 if type(t) is not int or not (t == 0 or MIN_TILE <= t <= MAX_TILE):
                     raise ManifestError(where, f"{f}.tiles[{i}]", f"must be 0 (whole) or a tile side in [{MIN_TILE}, {MAX_TILE}]")
+        files = None
+        if "files" in d:
+            if type(d["files"]) is not dict or not d["files"]:
+                raise ManifestError(where, f"{f}.files", "must be an object: member name -> file columns")
+            files = {}
+            for mname, cols in d["files"].items():
+                if not isinstance(mname, str) or not MEMBER_NAME.fullmatch(mname):
+                    raise ManifestError(where, f"{f}.files", f"{mname!r} is not a member name")
+                files[mname] = FileColumns.from_json(cols, where, f"{f}.files.{mname}", samples)
         if compact:
             return cls(
                 name,
@@ -238,8 +253,11 @@ class ShardInfo:
                 probe,
                 members,
                 None if tiles is None else np.asarray(tiles, dtype=np.uint16),  # type: ignore[arg-type]
+                files,
             )
-        return cls(name, samples, size, digest, list(keys), list(offsets), [list(wh) for wh in sizes], probe, members, tiles)
+        return cls(
+            name, samples, size, digest, list(keys), list(offsets), [list(wh) for wh in sizes], probe, members, tiles, files
+        )
 
 
 _SHARD_INFO_FIELDS = tuple(f.name for f in dataclasses.fields(ShardInfo))
@@ -258,6 +276,7 @@ class Manifest:
     # (manifests written before these fields), checked per sample at decode time instead
     channels: int | None = None
     bit_depth: int | None = None
+    files: FileRoots | None = None  # an index of image files in place (shardmaker index DIR): where they are
 
     def member_names(self, scale: int) -> tuple[str, str]:
         """The HR member and the x``scale`` LR member of every sample (``hr.png``, ``lr_x4.png``)."""
@@ -303,6 +322,8 @@ class Manifest:
             d["channels"] = self.channels
         if self.bit_depth is not None:
             d["bit_depth"] = self.bit_depth
+        if self.files is not None:
+            d["files"] = self.files.to_json()
         return d
 
     def dumps(self) -> builtins.bytes:  # the property `bytes` above shadows the type in this class
@@ -329,7 +350,14 @@ class Manifest:
         names: set[str] = set()
         want = None if members is None else set(members.names())
         for i, sh in enumerate(shards):
-            if (sh.members is None) != (want is None) or (sh.members is not None and set(sh.members) != want):
+            if top["files"] is not None or sh.files is not None:
+                if top["files"] is None or sh.members is not None or set(sh.files or ()) != want:
+                    raise ManifestError(
+                        where,
+                        f"shards[{i}] ({sh.name}).files",
+                        f"an index of files lists exactly the members {sorted(want or [])}",
+                    )
+            elif (sh.members is None) != (want is None) or (sh.members is not None and set(sh.members) != want):
                 raise ManifestError(
                     where,
                     f"shards[{i}] ({sh.name}).members",
@@ -362,7 +390,10 @@ def top_fields(d: Any, where: str) -> dict[str, Any]:
     for k in ("codec", "scales", "lr_method"):
         if k not in d:
             raise ManifestError(where, k, "missing")
-    members = MemberNames.from_json(d["members"], where) if "members" in d else None
+    files = FileRoots.from_json(d["files"], where) if "files" in d else None
+    if files is not None and "members" not in d:
+        raise ManifestError(where, "members", "an index of files names its members")
+    members = MemberNames.from_json(d["members"], where, hr_only=files is not None) if "members" in d else None
     codec = str_field(d["codec"], where, "codec")
     if members is not None and codec != codec_of(members.hr):
         raise ManifestError(where, "codec", f"must be the HR member's extension, {codec_of(members.hr)!r}")
@@ -380,8 +411,10 @@ def top_fields(d: Any, where: str) -> dict[str, Any]:
     lr_method = str_field(d["lr_method"], where, "lr_method")
     if lr_method not in LR_METHODS:
         raise ManifestError(where, "lr_method", f"must be one of {', '.join(LR_METHODS)}")
-    if members is not None and (sorted(members.lr) != scales or lr_method != "provided"):
+    if members is not None and (sorted(members.lr) != scales or lr_method != ("provided" if members.lr else "none")):
         raise ManifestError(where, "members", "an index names one LR member per scale, and its lr_method is 'provided'")
+    if files is not None and sorted(files.lr) != scales:
+        raise ManifestError(where, "files.lr", "must name one root per scale")
     build = d.get("build", {})
     if type(build) is not dict:
         raise ManifestError(where, "build", "must be an object")
@@ -394,6 +427,7 @@ def top_fields(d: Any, where: str) -> dict[str, Any]:
         "members": members,
         "channels": channels,
         "bit_depth": depth,
+        "files": files,
     }
 
 

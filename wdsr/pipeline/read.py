@@ -31,6 +31,7 @@ from shardmaker import format as fmt
 from shardmaker.errors import InputError
 from shardmaker.format import Manifest, ShardInfo
 from wdsr.errors import SampleError, SampleUnavailable
+from wdsr.pipeline.infiles import RootOpener, file_span
 from wdsr.pipeline.plan import Span
 from wdsr.store import remote
 from wdsr.store.cache import CacheMismatch, ShardCache
@@ -105,6 +106,7 @@ class ShardReader:
         self._pool: ThreadPoolExecutor | None = None
         self._tile_pool: ThreadPoolExecutor | None = None
         self._lock: threading.Lock | None = None
+        self._roots: RootOpener | None = None  # an index of files: its roots, opened in the reading process
 
     def __repr__(self) -> str:  # storage_options may hold secrets: never shown
         return f"ShardReader({self.url!r}, shards={len(self.manifest.shards)}, options={self.options})"
@@ -115,6 +117,7 @@ class ShardReader:
         state["_pool"] = None
         state["_tile_pool"] = None
         state["_lock"] = None
+        state["_roots"] = None
         return state
 
     def _open_fs(self) -> None:
@@ -123,6 +126,7 @@ class ShardReader:
                 _INHERITED.append(self._fs)  # a parent's filesystem: never closed here (its loop is not ours)
             self._pid = os.getpid()
             self._pool = self._tile_pool = None  # threads do not survive a fork
+            self._roots = None
             self.counts = Counter()  # counted by the parent, reported by the parent
             self._lock = threading.Lock()
             s3 = fsspec.utils.get_protocol(self.url) in ("s3", "s3a")  # one try per layer below our retries
@@ -146,6 +150,9 @@ class ShardReader:
         """
         self._open_fs()
         info = self.manifest.shards[span.shard_index]
+        if info.files is not None:
+            yield from self._files_span(info, span, wanted)
+            return
         path = fmt.shard_path(self._root, info.name)  # always inside the dataset, whatever the name says
         if storage.is_local(self._fs):
             yield from self._file_span(self._fs, path, info, span, wanted)
@@ -172,6 +179,20 @@ class ShardReader:
             yield from self._file_span(fs, path, info, span, wanted, opener=opener, checked=True)
             return
         yield from self._range_span(rf, info, span, wanted)
+
+    def _files_span(self, info: ShardInfo, span: Span, wanted: frozenset[str]) -> Iterator[RawSample]:
+        """An index of image files: each sample's files read whole and checked (:mod:`.infiles`)."""
+        if self._roots is None:
+            self._roots = RootOpener(self.manifest, self.storage_options, self.options.retry, self.cache, self._count)
+        remote_files = fsspec.utils.get_protocol(self.manifest.files.hr) not in ("file", "local")  # type: ignore[union-attr]
+        if remote_files and self.options.read_ahead and self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="wdsr-read-ahead")
+        pool = self._pool if remote_files else None
+        for i, members, ns in file_span(self._roots, info, span, wanted, pool, self.options.read_ahead, self._count_retry):
+            hr = (int(info.hr_sizes[i][0]), int(info.hr_sizes[i][1]))
+            nbytes = sum(len(v) for v in members.values())
+            yield RawSample(info.name, info.keys[i], i, span.rep, dict(members), nbytes, ns, hr, {})
+            del members
 
     def _count(self, name: str, n: int = 1) -> None:
         assert self._lock is not None

@@ -16,6 +16,7 @@ A cached shard counts as a hit only with the ``.ok`` record written when its fil
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -25,9 +26,11 @@ import re
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, Protocol
+
+import xxhash
 
 from shardmaker import storage
-from shardmaker.format import ShardInfo
 
 log = logging.getLogger("wdsr")
 _PARTIAL = ".partial"
@@ -44,6 +47,39 @@ def _locked(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+class Entry(Protocol):
+    """What the cache keys an entry by: a shard's manifest entry, or a :class:`FileEntry`."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def sha256(self) -> str: ...
+    @property
+    def bytes(self) -> int: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class FileEntry:
+    """A file of an index of image files (``shardmaker index DIR``), kept by content: its xxh3_64 (in
+    ``sha256``'s place: what the fill checks) and size. Files of the same bytes share one entry."""
+
+    xxh3_64: int
+    bytes: int
+
+    @property
+    def name(self) -> str:
+        return f"file-{self.bytes}.tar"
+
+    @property
+    def sha256(self) -> str:
+        return f"{self.xxh3_64:016x}"
+
+
+def _hasher(entry: Entry) -> Any:
+    """The digest a fill checks: sha256 for a shard, xxh3_64 for a file."""
+    return xxhash.xxh3_64() if isinstance(entry, FileEntry) else hashlib.sha256()
 
 
 class CacheMismatch(ValueError):
@@ -85,7 +121,7 @@ class ShardCache:
         finally:
             os.close(fd)  # releases the lock
 
-    def path(self, info: ShardInfo) -> Path:
+    def path(self, info: Entry) -> Path:
         name = f"{info.sha256[:16]}-{info.name}"
         if not _ENTRY.fullmatch(name):  # manifests are checked already; never build a path from anything else
             raise ValueError(f"shard {info.name!r}: not a name the cache can hold")
@@ -95,7 +131,7 @@ class ShardCache:
     def _ok(path: Path) -> Path:
         return path.with_name(path.name + ".ok")
 
-    def lookup(self, info: ShardInfo) -> Path | None:
+    def lookup(self, info: Entry) -> Path | None:
         """The cached copy if this cache filled and checked it; marks it recently used."""
         path = self.path(info)
         try:
@@ -115,7 +151,7 @@ class ShardCache:
             os.utime(self._ok(path))  # LRU order lives on the record, so the shard's own stamp stays
         return path
 
-    def fill(self, info: ShardInfo, download: Callable[[Callable[[bytes], None]], None]) -> tuple[Path | None, bool]:
+    def fill(self, info: Entry, download: Callable[[Callable[[bytes], None]], None]) -> tuple[Path | None, bool]:
         """``(path, downloaded)``: the cached copy, made by ``download(write)`` if nobody has yet.
 
         ``download`` calls ``write`` with the shard's bytes in order. Returns ``(None, False)``
@@ -142,7 +178,7 @@ class ShardCache:
             self._ok(final).unlink(missing_ok=True)
             self._make_room(info.bytes, final)
             temp = final.with_name(f"{final.name}.{os.getpid()}{_PARTIAL}")
-            digest = hashlib.sha256()
+            digest = _hasher(info)
             try:
                 with open(temp, "wb") as f:
 
@@ -155,7 +191,7 @@ class ShardCache:
                 if size != info.bytes or digest.hexdigest() != info.sha256:
                     raise CacheMismatch(
                         info.name,
-                        f"the object has {size} bytes / sha256 {digest.hexdigest()[:16]}..., "
+                        f"the object has {size} bytes / {digest.name} {digest.hexdigest()[:16]}..., "
                         f"the manifest says {info.bytes} / {info.sha256[:16]}... (replaced or corrupt)",
                     )
                 os.replace(temp, final)
