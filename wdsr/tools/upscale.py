@@ -30,14 +30,14 @@ from shardmaker.errors import brief
 from shardmaker.imaging import Codec
 from wdsr.metrics import psnr_y, ssim_y
 from wdsr.pipeline.tiles import stitch, tile_boxes
-from wdsr.tools.ckptcheck import check_checkpoint, check_shapes
+from wdsr.tools.ckptcheck import check_checkpoint
 from wdsr.tools.references import IMAGE_EXTS, crop_reference, pair_references
 from wdsr.train.checkpoint import FORMAT, MAX_STEP, RunDir, RunError
 from wdsr.train.models import build_model, residual_of
 from wdsr.train.padding import padded
 from wdsr.train.validate import super_resolve
-from wdsr.train.zoo import describe, layout, rebuild
-from wdsr.train.zooload import FILE_SUFFIXES, load_file
+from wdsr.train.zoo import describe
+from wdsr.train.zooload import FILE_SUFFIXES, load_file, rebuilt
 
 
 @dataclasses.dataclass
@@ -112,12 +112,11 @@ def _load_zoo(state: dict[str, Any], where: str, device: torch.device | str) -> 
     """A ``--model spandrel:NAME`` run's checkpoint: its architecture laid out on the meta device and held to
     the weights (nothing allocated for an untrusted record), then built, loaded and checked as spandrel sees it."""
     rec = state["config"]["spandrel"]
-    weights = state["model"]
-    expected = layout(rec, where)
-    if expected is not None:
-        check_shapes(expected, weights, f"{where}: weights do not fit spandrel {brief(rec.get('arch'))}")
-    net = rebuild(rec, where)
-    net.load_state_dict(weights)
+    net = rebuilt(rec, state["model"], where)
+    try:
+        net.load_state_dict(state["model"])
+    except RuntimeError as exc:  # an architecture that could not be laid out first (SwinIR)
+        raise RunError(f"{where}: weights do not fit spandrel {rec['arch']} ({str(exc)[:160]})") from None
     desc = describe(net, rec["arch"], where)
     model = padded(net, desc).to(device).eval()
     return Loaded(model, desc.scale, desc.input_channels, f"spandrel:{rec['arch']}", where, int(state.get("step", 0)))

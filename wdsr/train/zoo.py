@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from shardmaker.errors import brief, require_extra
+from wdsr.train.untrusted import BudgetError
 
 PREFIX = "spandrel:"
 _SCALE_ARGS = ("upscale", "scale", "upscale_factor", "up_scale", "upscaling_factor")  # how archs name their scale
@@ -161,6 +162,8 @@ def options(model: ZooModel, scale: int, channels: int, args: Mapping[str, Any])
 def construct(cls: type, kw: Mapping[str, Any], what: str) -> nn.Module:
     try:
         return cls(**kw)
+    except BudgetError:
+        raise
     except Exception as exc:  # noqa: BLE001 - an architecture rejects options in its own words
         raise ZooError(
             f"{what}: {cls.__name__}({_args_text(kw)}) cannot be built ({type(exc).__name__}: {str(exc)[:160]})"

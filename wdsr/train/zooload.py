@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,19 +18,30 @@ from torch import nn
 
 from shardmaker import storage
 from wdsr.train.padding import padded
-from wdsr.train.zoo import PREFIX, ZooError, ZooModel, construct, describe, lookup, options, rebuild, record, spandrel
+from wdsr.train.untrusted import BudgetError, bounded, check_shapes
+from wdsr.train.zoo import PREFIX, ZooError, ZooModel, construct, describe, layout, lookup, options, rebuild, record, spandrel
 
 log = logging.getLogger("wdsr")
 FILE_SUFFIXES = (".safetensors", ".pth", ".ckpt")  # model files (wdsr train's checkpoints are .pt)
+MAX_FILE_BYTES = 4 << 30  # the largest model file read (community SR models are KBs to a few hundred MB)
+
+
+def _read_bounded(path: str) -> bytes:
+    """The bytes of the regular file at ``path`` (never a FIFO or device), its size checked before reading."""
+    try:
+        with storage.open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_FILE_BYTES:
+                raise ZooError(f"{path}: {size} bytes, more than a model file holds (at most {MAX_FILE_BYTES})")
+            return f.read(size + 1)
+    except OSError as exc:
+        raise ZooError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
 def read_state_dict(path: str) -> dict[str, torch.Tensor]:
     """A model file's tensors (``.safetensors``, or ``.pth``/``.ckpt`` read with ``weights_only``), as spandrel
     canonicalises them (``params_ema``, ``module.`` prefixes)."""
-    try:
-        data = storage.read_local(path)
-    except OSError as exc:
-        raise ZooError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    data = _read_bounded(path)
     try:
         if path.lower().endswith(".safetensors"):
             from safetensors.torch import load as load_safetensors
@@ -56,7 +68,10 @@ def load_file(path: str) -> Any:
         raise ZooError(f"{path}: a model file is {', '.join(FILE_SUFFIXES)}")
     state = read_state_dict(path)
     try:
-        desc = spandrel().MAIN_REGISTRY.load(state)
+        with bounded(state, path):  # the architecture's options come from the shapes: nothing giant is built
+            desc = spandrel().MAIN_REGISTRY.load(state)
+    except BudgetError:
+        raise
     except Exception as exc:  # noqa: BLE001 - UnsupportedModelError, or an architecture's own check
         why = f"{type(exc).__name__}: {str(exc)[:120]}" if str(exc) else "no architecture it knows has these weights' names"
         raise ZooError(f"{path}: spandrel does not recognise this model ({why})") from None
@@ -65,14 +80,33 @@ def load_file(path: str) -> Any:
     return desc
 
 
+def rebuilt(rec: Any, weights: Mapping[str, Any], where: str) -> nn.Module:
+    """The architecture a checkpoint's ``spandrel`` record names, for its ``weights``: the record is untrusted, so
+    its layout (on the meta device, where it can be) is held to the weights' names and shapes first, and the real
+    build may allocate only what such weights justify."""
+    expected = layout(rec, where)
+    if expected is not None:
+        check_shapes(expected, weights, f"{where}: weights do not fit spandrel {rec['arch']}")  # layout checked the record
+    with bounded(weights, where):
+        return rebuild(rec, where)
+
+
 def for_run(
-    model: ZooModel, args: Mapping[str, Any], init: str | None, scale: int, channels: int, saved: Any, where: str
+    model: ZooModel,
+    args: Mapping[str, Any],
+    init: str | None,
+    scale: int,
+    channels: int,
+    saved: Any,
+    where: str,
+    weights: Mapping[str, Any] | None = None,
 ) -> tuple[nn.Module, nn.Module, dict[str, Any]]:
     """``(the architecture, it as run: padded, its record)`` for ``wdsr train``: rebuilt from a checkpoint's
-    ``saved`` record (a resume: never from the --init file), else loaded from ``init``, else built fresh."""
+    ``saved`` record and held to its ``weights`` (a resume: never from the --init file), else loaded from
+    ``init``, else built fresh."""
     what = f"--model {model.value}"
     if saved is not None:
-        net, arch = rebuild(saved, where), str(saved["arch"])
+        net, arch = rebuilt(saved, weights or {}, where), str(saved["arch"])
     elif init:
         found = load_file(init)
         net, arch, what = found.model, found.architecture.id, f"--init {init}"
