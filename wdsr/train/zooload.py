@@ -52,6 +52,11 @@ def read_state_dict(path: str) -> dict[str, torch.Tensor]:
     except Exception as exc:  # noqa: BLE001 - many types for a file that is not a model
         first = (str(exc).splitlines() or [""])[0][:120]
         raise ZooError(f"{path}: not a readable model file ({type(exc).__name__}: {first})") from None
+    return tensors_of(state, path)
+
+
+def tensors_of(state: Any, path: str) -> dict[str, torch.Tensor]:
+    """A loaded file's state dict as spandrel canonicalises it, checked to hold finite tensors only."""
     if not isinstance(state, dict):
         raise ZooError(f"{path}: holds {type(state).__name__}, not a state dict")
     state = spandrel().canonicalize_state_dict(state)
@@ -66,7 +71,11 @@ def load_file(path: str) -> Any:
     """A spandrel descriptor of a model file (architecture and scale from its weights), checked to be SR."""
     if not path.lower().endswith(FILE_SUFFIXES):
         raise ZooError(f"{path}: a model file is {', '.join(FILE_SUFFIXES)}")
-    state = read_state_dict(path)
+    return detect(read_state_dict(path), path)
+
+
+def detect(state: dict[str, torch.Tensor], path: str) -> Any:
+    """spandrel's descriptor of ``path``'s tensors (:func:`tensors_of`), built within the allocation budget, SR."""
     try:
         with bounded(state, path):  # the architecture's options come from the shapes: nothing giant is built
             desc = spandrel().MAIN_REGISTRY.load(state)
