@@ -50,6 +50,7 @@ class Loaded:
     name: str  # the model's name (edsr-baseline, espcn)
     source: str  # the checkpoint's URL
     step: int
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)  # the checkpoint's config ({}: a model file)
 
 
 def _read_state(source: str) -> tuple[Any, str, bool]:
@@ -113,7 +114,7 @@ def load_model(source: str, device: torch.device | str = "cpu") -> Loaded:
     except RuntimeError as exc:
         raise RunError(f"{where}: weights do not fit {name} x{scale} ({str(exc)[:160]})") from None
     model.to(device).eval()
-    return Loaded(model, scale, channels, name, where, int(state.get("step", 0)))
+    return Loaded(model, scale, channels, name, where, int(state.get("step", 0)), _config(state))
 
 
 def _community(found: Any, where: str) -> Any:
@@ -143,7 +144,13 @@ def _load_zoo(state: dict[str, Any], where: str, device: torch.device | str) -> 
         raise RunError(f"{where}: weights do not fit spandrel {rec['arch']} ({str(exc)[:160]})") from None
     desc = describe(net, rec["arch"], where)
     model = padded(net, desc).to(device).eval()
-    return Loaded(model, desc.scale, desc.input_channels, f"spandrel:{rec['arch']}", where, int(state.get("step", 0)))
+    step = int(state.get("step", 0))
+    return Loaded(model, desc.scale, desc.input_channels, f"spandrel:{rec['arch']}", where, step, _config(state))
+
+
+def _config(state: dict[str, Any]) -> dict[str, Any]:
+    config = state.get("config")
+    return config if isinstance(config, dict) else {}
 
 
 def pick_device(name: str) -> torch.device:
