@@ -26,7 +26,9 @@ from PIL import Image
 from tests.helpers import ROOT, import_with_torchvision_stub, write_torchvision_stub
 from wdsr.tools.cli import main
 from wdsr.tools.export import state_bytes
+from wdsr.train import untrusted
 from wdsr.train.checkpoint import RunDir
+from wdsr.train.zooload import MAX_FILE_BYTES
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("spandrel") is None, reason="spandrel (the Makefile installs it)")
 
@@ -130,9 +132,12 @@ def hostile_files(root: Path, marker: Path) -> dict[str, str]:
     }
     for name, (data, _) in files.items():
         (root / name).write_bytes(data)
+    with open(root / "sparse.pth", "wb") as f:  # 4 GiB of nothing on disk: refused by its size, never read
+        f.truncate(MAX_FILE_BYTES + 1)
     os.mkfifo(root / "fifo.pth")
     (root / "zero.pth").symlink_to("/dev/zero")
-    return {**{n: m for n, (_, m) in files.items()}, "fifo.pth": "is a FIFO, not a regular file", "zero.pth": "character device"}
+    others = {"sparse.pth": "more than a model file holds", "fifo.pth": "is a FIFO, not a regular file"}
+    return {**{n: m for n, (_, m) in files.items()}, **others, "zero.pth": "character device"}
 
 
 def one_line(capsys) -> str:
@@ -189,10 +194,24 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start) // 1024)
     assert int(lines[-1]) < 300, lines
 
 
-def test_an_edited_checkpoint_record_is_held_to_the_weights_before_it_is_built(photo_shards, tmp_path, capsys):
+def test_a_layer_count_of_ten_million_is_refused_by_its_operations(tmp_path, capsys, monkeypatch):
+    """Compact's layer count is read from its highest key: 10^7 one-feature layers fit the allocation budget (a few
+    bytes each) but would build for hours; the construction's tensor operations are counted and capped."""
+    monkeypatch.setattr(untrusted, "MAX_OPS", 3000)  # 50,000 in use: the same refusal, 15x the CPU
+    top = 2 * 10**7 + 2
+    state = {"body.0.weight": torch.zeros(1, 3, 3, 3), "body.0.bias": torch.zeros(1), "body.1.weight": torch.zeros(1)}
+    state |= {f"body.{top}.weight": torch.zeros(48, 1, 3, 3), f"body.{top}.bias": torch.zeros(48)}
+    (tmp_path / "deep.safetensors").write_bytes(state_bytes(state, ".safetensors"))
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    assert main(["upscale", str(tmp_path / "deep.safetensors"), str(tmp_path / "a.png"), "-o", str(tmp_path / "o")]) == 2
+    assert "deep.safetensors: building this model takes over 3000 tensor operations" in one_line(capsys)
+
+
+def test_an_edited_checkpoint_record_is_held_to_the_weights_before_it_is_built(photo_shards, tmp_path, capsys, monkeypatch):
     """--resume and wdsr upscale RUN rebuild a spandrel run's model from its checkpoint's record: a record edited
     to 65536 features is laid out on the meta device and refused against the weights, nothing allocated; one an
-    architecture that cannot be laid out (SwinIR) asks for is built under the allocation budget."""
+    architecture that cannot be laid out (SwinIR) asks for is built under the allocation budget; a layout of 10^7
+    layers is stopped by its operation count."""
     out = tmp_path / "run"
     argv = ["train", "--data", str(photo_shards), "--out", str(out), "--model", "spandrel:ESRGAN"]
     tiny = ["--scale", "4", "--patch-size", "32", "-k", "1", "--batch-size", "1", "--workers", "0", "--val-every", "0"]
@@ -215,3 +234,8 @@ def test_an_edited_checkpoint_record_is_held_to_the_weights_before_it_is_built(p
     assert main(["upscale", str(ckpt), str(tmp_path), "-o", str(tmp_path / "o")]) == 2
     err = one_line(capsys)
     assert "step-00000001.pt: building this model would allocate over" in err, err
+    monkeypatch.setattr(untrusted, "MAX_OPS", 3000)
+    state["config"]["spandrel"] = {"arch": "Compact", "hyperparameters": {"num_conv": 10**7, "num_feat": 8, "upscale": 4}}
+    torch.save(state, ckpt)
+    assert main(["train", "--out", str(out), "--resume", "--steps", "2"]) == 2
+    assert "step-00000001.pt: building this model takes over 3000 tensor operations" in one_line(capsys)

@@ -22,7 +22,8 @@ from shardmaker.errors import brief
 from wdsr.train.checkpoint import RunError
 
 SLACK_BYTES = 256 << 20  # buffers and temporaries a constructor makes beyond its weights (attention masks)
-WEIGHT_FACTOR = 4  # the weights (as float32) may be allocated this many times over while being built
+WEIGHT_FACTOR = 8  # the weights (as float32) may be allocated this many times over while being built (DRCT: ~6)
+MAX_OPS = 50_000  # tensor operations of one construction (spandrel's large models: 1-4 thousand; DRCT 3.3k)
 
 
 class BudgetError(ValueError):
@@ -46,15 +47,24 @@ def _allocates(func: Any) -> bool:
 
 class AllocationBudget(TorchDispatchMode):
     """Every tensor operation sized on the meta device first; the running total of the bytes they allocate
-    may not pass ``limit`` (a BudgetError naming ``what`` before the operation that would pass it runs)."""
+    may not pass ``limit`` (a BudgetError naming ``what`` before the operation that would pass it runs), nor
+    their number ``max_ops`` (a layer count of 10^9 builds for hours even on the meta device). ``limit=None``:
+    the operations are counted only (a layout on the meta device allocates nothing)."""
 
-    def __init__(self, limit: int, what: str) -> None:
+    def __init__(self, limit: int | None, what: str, max_ops: int | None = None) -> None:
         super().__init__()
-        self.limit, self.what, self.used = limit, what, 0
+        self.limit, self.what, self.used, self.ops = limit, what, 0, 0
+        self.max_ops = MAX_OPS if max_ops is None else max_ops
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if _allocates(func):
+        self.ops += 1
+        if self.ops > self.max_ops:
+            raise BudgetError(
+                f"{self.what}: building this model takes over {self.max_ops} tensor operations; its shapes or "
+                "hyperparameters (a layer count?) are not a real model's"
+            )
+        if self.limit is not None and _allocates(func):
             self.used += self._planned(func, args, kwargs)
             if self.used > self.limit:
                 raise BudgetError(

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from shardmaker.errors import brief, require_extra
-from wdsr.train.untrusted import BudgetError
+from wdsr.train.untrusted import AllocationBudget, BudgetError
 
 PREFIX = "spandrel:"
 _SCALE_ARGS = ("upscale", "scale", "upscale_factor", "up_scale", "upscaling_factor")  # how archs name their scale
@@ -174,11 +174,11 @@ def _args_text(kw: Mapping[str, Any]) -> str:
     return brief(", ".join(f"{k}={v!r}" for k, v in kw.items()), 200).strip("'\"")
 
 
-def _on_meta(build: Any) -> nn.Module | None:
+def _on_meta(build: Any, what: str) -> nn.Module | None:
     """``build()`` laid out on the meta device (shapes only, nothing allocated), or None for an architecture
     whose constructor computes with its tensors (SwinIR's drop-path schedule): it can only be built for real."""
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), AllocationBudget(None, what):  # counted: never a 10^9-layer loop
             return build()
     except ZooError as exc:
         if "meta" in str(exc):
@@ -190,13 +190,13 @@ def check_buildable(model: ZooModel, scale: int, channels: int, args: Mapping[st
     """The settings build the architecture (on the meta device where it can be: nothing is allocated)."""
     arch, cls, _ = lookup(model.arch)
     kw = options(model, scale, channels, args)
-    _on_meta(lambda: construct(cls, kw, f"--model {model.value}"))
+    _on_meta(lambda: construct(cls, kw, f"--model {model.value}"), f"--model {model.value}")
 
 
 def layout(rec: Any, where: str) -> dict[str, torch.Tensor] | None:
     """The names and shapes of the weights a checkpoint's record builds (meta tensors), or None where the
     architecture cannot be laid out without building it."""
-    net = _on_meta(lambda: rebuild(rec, where))
+    net = _on_meta(lambda: rebuild(rec, where), where)
     return None if net is None else net.state_dict()
 
 
