@@ -67,14 +67,15 @@ def _claimed(numel: int, legacy: bool = False) -> tuple[type, type]:
     return Tensor, Pickler
 
 
-def claiming_pth(numel: int) -> bytes:
-    """A zip .pth whose pickle claims a float tensor of ``numel`` elements over a 64-byte record."""
+def claiming_pth(numel: int, record: bytes = bytes(64)) -> bytes:
+    """A zip .pth whose pickle claims a float tensor of ``numel`` elements over ``record`` (deflated: torch
+    inflates it whole)."""
     tensor, pickler = _claimed(numel)
     buf = io.BytesIO()
     pickler(buf, protocol=2).dump({"w": tensor()})
     out = io.BytesIO()
-    with zipfile.ZipFile(out, "w") as z:
-        for name, data in {"data.pkl": buf.getvalue(), "byteorder": b"little", "data/0": bytes(64), "version": b"3\n"}.items():
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for name, data in {"data.pkl": buf.getvalue(), "byteorder": b"little", "data/0": record, "version": b"3\n"}.items():
             z.writestr(f"archive/{name}", data)
     return out.getvalue()
 
@@ -126,6 +127,7 @@ def hostile_files(root: Path, marker: Path) -> dict[str, str]:
         ),
         "claims.pth": (claiming_pth(10**12), "record size (64 bytes) does not match expected size"),
         "claims-legacy.pth": (claiming_legacy_pth(10**9), "storage has wrong byte size"),
+        "bomb.pth": (claiming_pth(2**20, bytes(2**22)), "its zip entries unpack to 4194"),  # 4 KB: a 4 MB tensor
         "truncated.safetensors": (state_bytes(tiny_esrgan(), ".safetensors")[:-9], "incomplete metadata"),
         "truncated.pth": (state_bytes(tiny_esrgan(), ".pth")[:-300], "not a readable model file"),
         "giant.safetensors": (state_bytes(giant_esrgan(), ".safetensors"), "building this model would allocate over"),
@@ -159,10 +161,11 @@ def test_each_hostile_file_is_one_line_exit_2_and_runs_nothing(photo_shards, tmp
         assert main(["train", "--data", str(photo_shards), "--out", str(tmp_path / "r"), "--init", path, "--steps", "1"]) == 2
         err = one_line(capsys)
         assert name in err and message in err, err
-    pickle_pt = tmp_path / "evil.pt"  # a checkpoint name: wdsr export (and upscale) read it as one
-    pickle_pt.write_bytes((tmp_path / "evil.pth").read_bytes())
-    assert main(["export", str(pickle_pt), "-o", str(tmp_path / "x.safetensors")]) == 2
-    assert "evil.pt: not a readable checkpoint (UnpicklingError" in one_line(capsys)
+    for name, message in {"evil": "(UnpicklingError", "bomb": "(ValueError: its zip entries unpack to"}.items():
+        pt = tmp_path / f"{name}.pt"  # a checkpoint's name: wdsr export (and upscale) read it as one
+        pt.write_bytes((tmp_path / f"{name}.pth").read_bytes())
+        assert main(["export", str(pt), "-o", str(tmp_path / "x.safetensors")]) == 2
+        assert f"{name}.pt: not a readable checkpoint {message}" in one_line(capsys)
     assert not marker.exists()  # the payload never ran
     assert not (tmp_path / "r").exists() and not (tmp_path / "out").exists() and not (tmp_path / "x.safetensors").exists()
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import math
 import os
 import posixpath
@@ -32,7 +31,7 @@ from wdsr.metrics import psnr_y, ssim_y
 from wdsr.pipeline.tiles import stitch, tile_boxes
 from wdsr.tools.ckptcheck import check_checkpoint
 from wdsr.tools.references import IMAGE_EXTS, crop_reference, pair_references
-from wdsr.train.checkpoint import FORMAT, MAX_STEP, RunDir, RunError
+from wdsr.train.checkpoint import FORMAT, MAX_STEP, RunDir, RunError, load_torch
 from wdsr.train.models import build_model, residual_of
 from wdsr.train.padding import padded
 from wdsr.train.validate import super_resolve
@@ -73,7 +72,7 @@ def _read_state(source: str) -> tuple[Any, str, bool]:
         path, source = run.path(name), posixpath.join(source.rstrip("/"), name)
     data = storage.read_bytes(fs, path)  # a FIFO or a device there: an InputError naming it, never read
     try:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        state = load_torch(data)
     except Exception as exc:  # torch raises many types for a file that is not a checkpoint
         raise RunError(f"{source}: not a readable checkpoint ({type(exc).__name__}: {str(exc)[:120]})") from None
     return state, source, in_run

@@ -7,7 +7,6 @@ spandrel (architecture, options and scale from the weights' names and shapes).
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 from collections.abc import Mapping
@@ -17,6 +16,7 @@ import torch
 from torch import nn
 
 from shardmaker import storage
+from wdsr.train.checkpoint import load_torch
 from wdsr.train.padding import padded
 from wdsr.train.untrusted import BudgetError, bounded, check_shapes
 from wdsr.train.zoo import PREFIX, ZooError, ZooModel, construct, describe, layout, lookup, options, rebuild, record, spandrel
@@ -48,7 +48,7 @@ def read_state_dict(path: str) -> dict[str, torch.Tensor]:
 
             state: Any = load_safetensors(data)
         else:
-            state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            state = load_torch(data)
     except Exception as exc:  # noqa: BLE001 - many types for a file that is not a model
         first = (str(exc).splitlines() or [""])[0][:120]
         raise ZooError(f"{path}: not a readable model file ({type(exc).__name__}: {first})") from None
