@@ -119,7 +119,8 @@ def hostile_files(root: Path, marker: Path) -> dict[str, str]:
     """name -> what the one line must say, each file written under ``root``."""
     files = {
         "evil.pth": (state_bytes({"w": Payload(marker)}, ".pth"), "evil.pth: not a readable model file (UnpicklingError"),  # type: ignore[dict-item]
-        "huge-len.safetensors": (struct.pack("<Q", 2**60) + b"{}", "header too large"),
+        "huge-len.safetensors": (struct.pack("<Q", 2**60) + b"{}", "a safetensors header of 1152921504606846976 bytes"),
+        "long-header.safetensors": (struct.pack("<Q", 17 << 20) + bytes(64), "header of 17825792 bytes in a 72-byte file"),
         "bad-json.safetensors": (struct.pack("<Q", 5) + b"{abc}", "invalid JSON in header"),
         "claims.safetensors": (
             safetensors_bytes({"w": {"dtype": "F32", "shape": [100000, 100000, 100000], "data_offsets": [0, 16]}}, bytes(16)),

@@ -24,6 +24,7 @@ from wdsr.train.zoo import PREFIX, ZooError, ZooModel, construct, describe, layo
 log = logging.getLogger("wdsr")
 FILE_SUFFIXES = (".safetensors", ".pth", ".ckpt")  # model files (wdsr train's checkpoints are .pt)
 MAX_FILE_BYTES = 4 << 30  # the largest model file read (community SR models are KBs to a few hundred MB)
+MAX_HEADER_BYTES = 16 << 20  # a safetensors header's JSON (~100 bytes a tensor; safetensors itself allows 100 MB)
 
 
 def _read_bounded(path: str) -> bytes:
@@ -42,8 +43,11 @@ def read_state_dict(path: str) -> dict[str, torch.Tensor]:
     """A model file's tensors (``.safetensors``, or ``.pth``/``.ckpt`` read with ``weights_only``), as spandrel
     canonicalises them (``params_ema``, ``module.`` prefixes)."""
     data = _read_bounded(path)
+    safetensors = path.lower().endswith(".safetensors")
+    if safetensors:
+        _check_header(data, path)
     try:
-        if path.lower().endswith(".safetensors"):
+        if safetensors:
             from safetensors.torch import load as load_safetensors
 
             state: Any = load_safetensors(data)
@@ -53,6 +57,13 @@ def read_state_dict(path: str) -> dict[str, torch.Tensor]:
         first = (str(exc).splitlines() or [""])[0][:120]
         raise ZooError(f"{path}: not a readable model file ({type(exc).__name__}: {first})") from None
     return tensors_of(state, path)
+
+
+def _check_header(data: bytes, path: str) -> None:
+    """A safetensors file's 8-byte header length: within the file and at most ``MAX_HEADER_BYTES``."""
+    n = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
+    if not 0 < n <= min(MAX_HEADER_BYTES, len(data) - 8):
+        raise ZooError(f"{path}: a safetensors header of {n} bytes in a {len(data)}-byte file (at most {MAX_HEADER_BYTES})")
 
 
 def tensors_of(state: Any, path: str) -> dict[str, torch.Tensor]:
