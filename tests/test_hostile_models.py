@@ -143,6 +143,21 @@ def hostile_files(root: Path, marker: Path) -> dict[str, str]:
     return {**{n: m for n, (_, m) in files.items()}, **others, "zero.pth": "character device"}
 
 
+def deeply_nested(state: dict, depth: int) -> bytes:
+    """``torch.save(state)`` with its string ``"@@DEEP@@"`` replaced by a list ``depth`` deep, written as pickle
+    opcodes (Python's pickler cannot write one; the weights_only unpickler reads it without recursing)."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    src, out = zipfile.ZipFile(io.BytesIO(buf.getvalue())), io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename.endswith("data.pkl"):
+                data = data.replace(b"X\x08\x00\x00\x00@@DEEP@@", b"]" * depth + b"a" * (depth - 1))  # EMPTY_LIST, APPEND
+            z.writestr(info, data)
+    return out.getvalue()
+
+
 def one_line(capsys) -> str:
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "Traceback" not in err, err
@@ -243,3 +258,7 @@ def test_an_edited_checkpoint_record_is_held_to_the_weights_before_it_is_built(p
     torch.save(state, ckpt)
     assert main(["train", "--out", str(out), "--resume", "--steps", "2"]) == 2
     assert "step-00000001.pt: building this model takes over 3000 tensor operations" in one_line(capsys)
+    state["config"]["spandrel"] = {"arch": "Compact", "hyperparameters": {"num_conv": "@@DEEP@@"}}
+    ckpt.write_bytes(deeply_nested(state, 100_000))  # [[[... 10^5 deep: no repr of it can be printed
+    assert main(["upscale", str(ckpt), str(tmp_path), "-o", str(tmp_path / "o")]) == 2
+    assert "step-00000001.pt: the checkpoint's 'spandrel' option 'num_conv' is not a number, string or short" in one_line(capsys)

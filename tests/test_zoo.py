@@ -227,6 +227,8 @@ def test_a_community_pt_file_is_a_model_file_and_a_wdsr_pt_a_checkpoint(files, t
         (["--model", "spandrel:DnCNN"], "DnCNN takes no scale"),
         (["--model", "espcn", "--model-args", "a=1"], "--model-args is for spandrel models"),
         (["--model", "spandrel:SwinIR", "--model-args", "window_size=7"], "SwinIR(upscale=4"),
+        (["--model", "spandrel:SPAN", "--model-args", "a=" + "[" * 600 + "]" * 600], "not a value"),  # PyYAML recurses
+        (["--model", "spandrel:SPAN", "--model-args", "a=[[[[[1]]]]]"], "values numbers, strings or short lists"),
     ],
 )
 def test_bad_model_settings_are_one_line_exit_2(photo_shards, tmp_path, capsys, args, message):

@@ -30,6 +30,7 @@ _IN_ARGS = ("num_in_ch", "in_nc", "in_chans", "in_channels", "in_ch", "inp_chann
 _OUT_ARGS = ("num_out_ch", "out_nc", "out_chans", "out_channels", "out_ch")
 _PLAIN = (bool, int, float, str, type(None))
 MAX_ARGS_CHARS = 4096
+MAX_DEPTH, MAX_ITEMS = 4, 4096  # an option's list value: nesting and length
 
 
 class ZooError(ValueError):
@@ -126,18 +127,23 @@ def parse_args(value: Any) -> dict[str, Any]:
                 raise ZooError(f"--model-args: {brief(part)} is not NAME=VALUE")
             try:
                 items[key.strip()] = yaml.safe_load(text) if text.strip() else ""
-            except yaml.YAMLError:
+            except (yaml.YAMLError, RecursionError):  # [[[[... 600 deep: PyYAML's parser recurses
                 raise ZooError(f"--model-args: {key.strip()}={brief(text)}: not a value") from None
     else:
         raise ZooError(f"--model-args must be NAME=VALUE,... or a mapping, got {brief(value)}")
     for key, v in items.items():
         if not isinstance(key, str) or not _plain(v):
-            raise ZooError(f"--model-args: {brief(key)}={brief(v)}: names are strings, values numbers, strings or lists")
+            raise ZooError(f"--model-args: {brief(key)}={brief(v)}: names are strings, values numbers, strings or short lists")
     return items
 
 
-def _plain(v: Any) -> bool:
-    return isinstance(v, _PLAIN) or isinstance(v, (list, tuple)) and all(_plain(x) for x in v)
+def _plain(v: Any, depth: int = 0) -> bool:
+    """A number, string, None, or a list of them nested at most ``MAX_DEPTH`` deep, ``MAX_ITEMS`` long (an option's
+    value: a checkpoint's record is untrusted, and a list 10^5 deep cannot even be printed)."""
+    if isinstance(v, _PLAIN):
+        return True
+    nested = isinstance(v, (list, tuple)) and depth < MAX_DEPTH and len(v) <= MAX_ITEMS
+    return nested and all(_plain(x, depth + 1) for x in v)
 
 
 def options(model: ZooModel, scale: int, channels: int, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -171,7 +177,7 @@ def construct(cls: type, kw: Mapping[str, Any], what: str) -> nn.Module:
 
 
 def _args_text(kw: Mapping[str, Any]) -> str:
-    return brief(", ".join(f"{k}={v!r}" for k, v in kw.items()), 200).strip("'\"")
+    return brief(", ".join(f"{k}={brief(v, 60)}" for k, v in kw.items()), 200).strip("'\"")
 
 
 def _on_meta(build: Any, what: str) -> nn.Module | None:
@@ -229,6 +235,9 @@ def rebuild(rec: Any, where: str) -> nn.Module:
     """The architecture a checkpoint's ``spandrel`` record names, freshly initialised (load its weights next)."""
     if not isinstance(rec, dict) or not isinstance(rec.get("arch"), str) or not isinstance(rec.get("hyperparameters"), dict):
         raise ZooError(f"{where}: the checkpoint's 'spandrel' record must hold 'arch' and 'hyperparameters'")
+    bad = next((k for k, v in rec["hyperparameters"].items() if not isinstance(k, str) or not _plain(v)), None)
+    if bad is not None:
+        raise ZooError(f"{where}: the checkpoint's 'spandrel' option {brief(bad)} is not a number, string or short list")
     classes = _classes()
     name = rec.get("class") if isinstance(rec.get("class"), str) else rec["arch"]
     if name not in classes or classes[name][0] != rec["arch"]:
