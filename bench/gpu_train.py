@@ -14,21 +14,22 @@ from typing import Any
 import torch
 from torch import nn
 
+from shardmaker.errors import MissingExtraError
 from wdsr import SRDataset, SRLoader, make_loader, to_float
 from wdsr.train.config import Amp
 from wdsr.train.loop import amp_setting
 from wdsr.train.models import build_model
+from wdsr.train.zoo import ZooError
+from wdsr.train.zooload import build as build_zoo
 
 log = logging.getLogger("gpu_check")
 WARM_MIN = 3  # steps before any window: the first batches, cuDNN's first calls
 
 
 def build_span(scale: int) -> nn.Module:
-    """SPAN at spandrel's defaults (48 features), random weights: the one place to swap for wdsr's own
-    spandrel builder (``wdsr train --model spandrel:SPAN``, issue 41) once it exists."""
-    from spandrel.architectures.SPAN import SPAN  # optional, and spandrel's import needs torchvision
-
-    return SPAN(num_in_ch=3, num_out_ch=3, upscale=scale)
+    """SPAN at spandrel's defaults (48 features), random weights: what ``wdsr train --model spandrel:SPAN``
+    builds (optional: spandrel, whose import needs torchvision)."""
+    return build_zoo("spandrel:SPAN", scale)
 
 
 MODELS: dict[str, Callable[[int], nn.Module]] = {"edsr-baseline": lambda s: build_model("edsr-baseline", s), "span": build_span}
@@ -38,8 +39,8 @@ def span_unavailable(scale: int) -> str | None:
     """Why SPAN cannot be built here (spandrel or torchvision missing), or None."""
     try:
         build_span(scale)
-    except ImportError as exc:
-        return f"spandrel cannot be imported here ({exc}); pip install spandrel torchvision"
+    except (ImportError, ZooError, MissingExtraError) as exc:  # spandrel, or its torchvision, missing
+        return f"spandrel cannot be used here ({exc})"
     return None
 
 

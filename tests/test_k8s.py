@@ -101,6 +101,23 @@ def test_dockerfile_installs_the_pinned_torch_of_the_makefile():
     assert images == {"wdsr-train": {"wdsr"}, "wdsr-build": {"wdsr-cpu"}, "wdsr-merge": {"wdsr-cpu"}}
 
 
+def test_dockerfile_installs_spandrel_with_the_torchvision_of_its_torch():
+    """The image trains spandrel models (the zoo extra), with the torchvision built for the pinned torch installed
+    in the same pip command, from the same index, as torch: PyPI's CUDA torchvision never lands beside the CPU torch."""
+    from wdsr.integrations.basicsr import torchvision_pin
+
+    docker = (ROOT / "Dockerfile").read_text()
+    torch_pin = re.search(r"^ARG TORCH=torch==(\S+)", docker, re.M).group(1)
+    assert f"ARG TORCHVISION={torchvision_pin(torch_pin)}" in docker
+    assert "zoo" in re.search(r"^ARG EXTRAS=(\S+)", docker, re.M).group(1).split(",")
+    installs = [line for line in docker.replace("\\\n", " ").splitlines() if "pip install" in line]
+    torch_install = next(line for line in installs if '"$TORCH"' in line)
+    assert '"$TORCHVISION"' in torch_install.split("&&")[0] and "$TORCH_INDEX" in torch_install.split("&&")[0]
+    assert torch_install.index('"$TORCHVISION"') < torch_install.index(".[$EXTRAS]")
+    guide = (ROOT / "docs" / "kubernetes.md").read_text()
+    assert f"TORCHVISION={torchvision_pin(torch_pin)}" in guide and "EXTRAS=s3,demo,video,tiff,zoo" in guide
+
+
 def _pods(
     objects: list[dict], job_name: str, work: Path, overrides: dict[str, str], hosts: dict[str, str] | None = None
 ) -> list[Pod]:

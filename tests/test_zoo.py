@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from tests.helpers import ROOT, import_with_torchvision_stub, photos, write_torchvision_stub
 from tests.s3server import free_port
@@ -144,6 +145,7 @@ def test_export_is_what_spandrel_loads_back_with_identical_outputs(photo_shards,
     degrade = ["--degrade", "realesrgan", "--patch-size", "96"]  # Real-ESRGAN-style LR, made from HR on the device
     assert main([*argv, *TINY, *QUIET, "--steps", "2", *degrade]) == 0
     ours = load_model(str(out))
+    assert (load_model(str(out / "checkpoints/step-00000002.pt")).name, ours.step) == ("spandrel:SPAN", 2)  # a wdsr .pt
     x = torch.rand(1, 3, 20, 23)
     with torch.no_grad():
         want = ours.model(x)
@@ -193,11 +195,28 @@ def test_upscale_of_a_file_model_equals_the_model_on_the_whole_image(files, tmp_
     want = (theirs[0] * 255).round().byte().permute(1, 2, 0).numpy()
     assert np.array_equal(upscale_image(load_model(str(tmp_path / "craft.pth")), small, tile=None), want)
     (tmp_path / "in").mkdir()
-    from PIL import Image
-
     Image.fromarray(lr).save(tmp_path / "in" / "cat.png")
     assert main(["upscale", str(files["ESRGAN"]), str(tmp_path / "in"), "-o", str(tmp_path / "out"), "--tile", "0"]) == 0
     assert "spandrel:ESRGAN x4" in capsys.readouterr().out
+
+
+def test_a_community_pt_file_is_a_model_file_and_a_wdsr_pt_a_checkpoint(files, tmp_path, capsys):
+    """A .pt without wdsr's format key goes to spandrel (upscale as its .pth); anything else in a .pt that is not
+    a model either says both."""
+    community = tmp_path / "4x-Compact.pt"
+    community.write_bytes(files["Compact"].read_bytes())
+    m, want = load_model(str(community)), load_model(str(files["Compact"]))
+    x = torch.rand(1, 3, 9, 11)
+    with torch.no_grad():
+        assert (m.name, m.scale, m.step) == ("spandrel:Compact", 4, 0) and torch.equal(m.model(x), want.model(x))
+    torch.save({"model": {}, "epoch": 3}, tmp_path / "other.pt")
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "a.png")
+    for name in ("4x-Compact.pt", "other.pt"):
+        rc = main(["upscale", str(tmp_path / name), str(tmp_path / "a.png"), "-o", str(tmp_path / "out"), "--overwrite"])
+        err = capsys.readouterr().err.strip()
+        assert rc == (0 if name == "4x-Compact.pt" else 2), err
+    assert err.count("\n") == 0 and "other.pt: not a wdsr-train/1 checkpoint (written by wdsr train), nor a model" in err, err
+    assert (tmp_path / "out" / "a.png").is_file()
 
 
 @pytest.mark.parametrize(
@@ -208,6 +227,8 @@ def test_upscale_of_a_file_model_equals_the_model_on_the_whole_image(files, tmp_
         (["--model", "spandrel:DnCNN"], "DnCNN takes no scale"),
         (["--model", "espcn", "--model-args", "a=1"], "--model-args is for spandrel models"),
         (["--model", "spandrel:SwinIR", "--model-args", "window_size=7"], "SwinIR(upscale=4"),
+        (["--model", "spandrel:SPAN", "--model-args", "a=" + "[" * 600 + "]" * 600], "not a value"),  # PyYAML recurses
+        (["--model", "spandrel:SPAN", "--model-args", "a=[[[[[1]]]]]"], "values numbers, strings or short lists"),
     ],
 )
 def test_bad_model_settings_are_one_line_exit_2(photo_shards, tmp_path, capsys, args, message):

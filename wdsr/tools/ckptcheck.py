@@ -16,6 +16,7 @@ from wdsr.bounds import check_number
 from wdsr.config import LIMITS
 from wdsr.train.checkpoint import RunError
 from wdsr.train.models import ModelName, build_model
+from wdsr.train.untrusted import check_shapes
 
 MIN_SCALE, MAX_SCALE = 2, LIMITS["scale"][1]  # what wdsr train trains (--scale)
 CHANNELS = (1, 3)  # grey or RGB
@@ -50,14 +51,3 @@ def check_checkpoint(state: dict[str, Any], where: str) -> tuple[str, int, int]:
         expected = build_model(name, scale, channels).state_dict()
     check_shapes(expected, weights, f"{where}: weights do not fit {name} x{scale}")
     return name, scale, channels
-
-
-def check_shapes(expected: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], what: str) -> None:
-    """The same names and, name by name, the same shapes; a RunError starting ``what`` otherwise."""
-    missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
-    if missing or unexpected:
-        first = f"missing {missing[0]!r}" if missing else f"unexpected {brief(unexpected[0])}"
-        raise RunError(f"{what} ({len(missing)} missing, {len(unexpected)} unexpected: {first})")
-    for key, want in expected.items():
-        if tuple(weights[key].shape) != tuple(want.shape):
-            raise RunError(f"{what} ({key}: {brief(tuple(weights[key].shape))} in the file, {tuple(want.shape)} in the model)")

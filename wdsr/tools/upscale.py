@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import math
 import os
 import posixpath
@@ -26,18 +25,18 @@ import torch
 from torch import nn
 
 from shardmaker import imaging, storage
-from shardmaker.errors import brief
+from shardmaker.errors import MissingExtraError, brief
 from shardmaker.imaging import Codec
 from wdsr.metrics import psnr_y, ssim_y
 from wdsr.pipeline.tiles import stitch, tile_boxes
-from wdsr.tools.ckptcheck import check_checkpoint, check_shapes
+from wdsr.tools.ckptcheck import check_checkpoint
 from wdsr.tools.references import IMAGE_EXTS, crop_reference, pair_references
-from wdsr.train.checkpoint import FORMAT, MAX_STEP, RunDir, RunError
+from wdsr.train.checkpoint import FORMAT, MAX_STEP, RunDir, RunError, load_torch
 from wdsr.train.models import build_model, residual_of
 from wdsr.train.padding import padded
 from wdsr.train.validate import super_resolve
-from wdsr.train.zoo import describe, layout, rebuild
-from wdsr.train.zooload import FILE_SUFFIXES, load_file
+from wdsr.train.zoo import ZooError, describe
+from wdsr.train.zooload import FILE_SUFFIXES, detect, load_file, rebuilt, tensors_of
 
 
 @dataclasses.dataclass
@@ -50,14 +49,17 @@ class Loaded:
     name: str  # the model's name (edsr-baseline, espcn)
     source: str  # the checkpoint's URL
     step: int
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)  # the checkpoint's config ({}: a model file)
 
 
-def _read_checkpoint(source: str) -> tuple[dict[str, Any], str]:
-    """The state of a checkpoint file, or of a run folder's newest one (``latest.json``, else the last name)."""
+def _read_state(source: str) -> tuple[Any, str, bool]:
+    """``(what a .pt file or a run folder's newest checkpoint holds (latest.json, else the last name), its URL,
+    whether it came from a run folder)``, read with ``weights_only``: tensors and plain values, never code."""
     fs, path = storage.open_dir(source)
     if not fs.exists(path):
         raise FileNotFoundError(f"{source}: no such checkpoint file or run folder")
-    if fs.isdir(path):
+    in_run = fs.isdir(path)
+    if in_run:
         run = RunDir(source)
         latest = run.latest()
         names = run.checkpoints()
@@ -70,9 +72,14 @@ def _read_checkpoint(source: str) -> tuple[dict[str, Any], str]:
         path, source = run.path(name), posixpath.join(source.rstrip("/"), name)
     data = storage.read_bytes(fs, path)  # a FIFO or a device there: an InputError naming it, never read
     try:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        state = load_torch(data)
     except Exception as exc:  # torch raises many types for a file that is not a checkpoint
         raise RunError(f"{source}: not a readable checkpoint ({type(exc).__name__}: {str(exc)[:120]})") from None
+    return state, source, in_run
+
+
+def _checked(state: Any, source: str) -> dict[str, Any]:
+    """A ``wdsr train`` checkpoint's state: its format, step and finite weights checked."""
     if not isinstance(state, dict) or state.get("format") != FORMAT or not isinstance(state.get("model"), dict):
         raise RunError(f"{source}: not a {FORMAT} checkpoint (written by wdsr train)")
     step = state.get("step", 0)
@@ -80,17 +87,18 @@ def _read_checkpoint(source: str) -> tuple[dict[str, Any], str]:
         raise RunError(f"{source}: 'step' must be an integer in [0, {MAX_STEP}], got {brief(step)}")
     if not all(torch.isfinite(v).all() for v in state["model"].values() if isinstance(v, torch.Tensor) and v.is_floating_point()):
         raise RunError(f"{source}: the weights hold inf or NaN (a diverged run); use an earlier checkpoint")
-    return state, source
+    return state
 
 
 def load_model(source: str, device: torch.device | str = "cpu") -> Loaded:
     """Build the model a ``wdsr train`` checkpoint (file or run folder) names and load its weights; or any
     spandrel-loadable SR model file (``.pth``, ``.safetensors``: :mod:`wdsr.train.zoo`)."""
     if source.lower().endswith(FILE_SUFFIXES):
-        desc = load_file(source)
-        net = padded(desc.model, desc).to(device).eval()
-        return Loaded(net, desc.scale, desc.input_channels, f"spandrel:{desc.architecture.id}", source, 0)
-    state, where = _read_checkpoint(source)
+        return _loaded_file(load_file(source), source, device)
+    found, where, in_run = _read_state(source)
+    if not in_run and not (isinstance(found, dict) and "format" in found):  # a community .pt: a model file
+        return _loaded_file(_community(found, where), where, device)
+    state = _checked(found, where)
     if isinstance(state.get("config"), dict) and "spandrel" in state["config"]:
         return _load_zoo(state, where, device)
     name, scale, channels = check_checkpoint(state, where)  # before anything is built: the file is untrusted
@@ -105,22 +113,43 @@ def load_model(source: str, device: torch.device | str = "cpu") -> Loaded:
     except RuntimeError as exc:
         raise RunError(f"{where}: weights do not fit {name} x{scale} ({str(exc)[:160]})") from None
     model.to(device).eval()
-    return Loaded(model, scale, channels, name, where, int(state.get("step", 0)))
+    return Loaded(model, scale, channels, name, where, int(state.get("step", 0)), _config(state))
+
+
+def _community(found: Any, where: str) -> Any:
+    """The spandrel descriptor of a ``.pt`` file that is not a wdsr checkpoint (no ``format`` key): a shared model."""
+    try:
+        return detect(tensors_of(found, where), where)
+    except (ZooError, MissingExtraError) as exc:
+        why = str(exc).removeprefix(f"{where}: ")
+        what = f"not a {FORMAT} checkpoint (written by wdsr train), nor a model spandrel reads"
+        raise RunError(f"{where}: {what} ({why})") from None
+
+
+def _loaded_file(desc: Any, source: str, device: torch.device | str) -> Loaded:
+    """A model file's spandrel descriptor, ready to run (padded to its size requirements)."""
+    net = padded(desc.model, desc).to(device).eval()
+    return Loaded(net, desc.scale, desc.input_channels, f"spandrel:{desc.architecture.id}", source, 0)
 
 
 def _load_zoo(state: dict[str, Any], where: str, device: torch.device | str) -> Loaded:
     """A ``--model spandrel:NAME`` run's checkpoint: its architecture laid out on the meta device and held to
     the weights (nothing allocated for an untrusted record), then built, loaded and checked as spandrel sees it."""
     rec = state["config"]["spandrel"]
-    weights = state["model"]
-    expected = layout(rec, where)
-    if expected is not None:
-        check_shapes(expected, weights, f"{where}: weights do not fit spandrel {brief(rec.get('arch'))}")
-    net = rebuild(rec, where)
-    net.load_state_dict(weights)
+    net = rebuilt(rec, state["model"], where)
+    try:
+        net.load_state_dict(state["model"])
+    except RuntimeError as exc:  # an architecture that could not be laid out first (SwinIR)
+        raise RunError(f"{where}: weights do not fit spandrel {rec['arch']} ({str(exc)[:160]})") from None
     desc = describe(net, rec["arch"], where)
     model = padded(net, desc).to(device).eval()
-    return Loaded(model, desc.scale, desc.input_channels, f"spandrel:{rec['arch']}", where, int(state.get("step", 0)))
+    step = int(state.get("step", 0))
+    return Loaded(model, desc.scale, desc.input_channels, f"spandrel:{rec['arch']}", where, step, _config(state))
+
+
+def _config(state: dict[str, Any]) -> dict[str, Any]:
+    config = state.get("config")
+    return config if isinstance(config, dict) else {}
 
 
 def pick_device(name: str) -> torch.device:

@@ -13,7 +13,6 @@ kind are the checkpoint's (``clip_frames``, ``clip_window``). Video models take 
 from __future__ import annotations
 
 import dataclasses
-import io
 from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
@@ -21,7 +20,6 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from shardmaker import storage
 from wdsr.loader import to_float
 from wdsr.pipeline.clips import MAX_FRAMES
 from wdsr.pipeline.clipval import center_window
@@ -61,11 +59,7 @@ def is_video_model(m: Loaded) -> bool:
 
 def trained_window(m: Loaded) -> VideoWindow:
     """The window a video model was trained on, from its checkpoint's config (``clip_frames``, ``clip_window``)."""
-    fs, path = storage.open_dir(m.source)
-    state = torch.load(io.BytesIO(storage.read_bytes(fs, path)), map_location="cpu", weights_only=True)
-    config = state.get("config") if isinstance(state, dict) else None
-    frames = config.get("clip_frames") if isinstance(config, dict) else None
-    window = config.get("clip_window") if isinstance(config, dict) else None
+    frames, window = m.config.get("clip_frames"), m.config.get("clip_window")
     if isinstance(frames, bool) or not isinstance(frames, int) or window not in ("recurrent", "center"):
         raise RunError(f"{m.source}: a video model without its training window (clip_frames, clip_window) in its config")
     try:

@@ -4,7 +4,8 @@ Layout: ``OUT/run.json`` (the run's settings), ``OUT/checkpoints/step-00001000.p
 ``OUT/latest.json`` (``{"step", "path"}``, written after the checkpoint it names is complete),
 ``OUT/metrics.jsonl``. Local files are written to a temp name and renamed; on object stores an
 object appears only when its upload completes, and the pointer is written after it. Checkpoints
-are read with ``torch.load(weights_only=True)``: tensors and plain values only, never pickled code.
+are read with ``torch.load(weights_only=True)`` (:func:`load_torch`, also for model files): tensors and plain values
+only, never pickled code, and never a compressed zip entry.
 Nothing read from OUT names a file outside it: ``latest.json``'s ``path`` must be exactly
 ``checkpoints/step-NNNNNNNN.pt`` (what :meth:`RunDir.save` writes), its ``step`` that number; a
 checkpoint's fields are type-checked before use. Every problem is a one-line :class:`RunError`.
@@ -18,6 +19,7 @@ import logging
 import pickle
 import posixpath
 import re
+import zipfile
 from typing import Any
 
 import torch
@@ -81,6 +83,21 @@ def check_state(state: Any, where: str) -> dict[str, Any]:
     if state.get("loader") is not None and not isinstance(state["loader"], dict):
         raise RunError(f"{where}: 'loader' must be a mapping (a loader state_dict), got {brief(state['loader'])}")
     return state
+
+
+def load_torch(data: bytes, map_location: Any = "cpu") -> Any:
+    """``torch.load(weights_only=True)`` of untrusted bytes: tensors and plain values, never pickled code. A zip
+    (torch's format since 1.6) whose entries unpack to more than the file holds is refused first: torch inflates a
+    compressed entry whole (400 KB of file, a 400 MB tensor), and ``torch.save`` never compresses."""
+    if data[:4] == b"PK\x03\x04":
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as z:
+                unpacked = sum(i.file_size for i in z.infolist())
+        except (zipfile.BadZipFile, ValueError, EOFError) as exc:
+            raise ValueError(f"a zip whose directory cannot be read ({str(exc)[:80]})") from None
+        if unpacked > len(data):
+            raise ValueError(f"its zip entries unpack to {unpacked} bytes from {len(data)} (compressed: not a torch.save file)")
+    return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
 
 
 def _why(exc: BaseException) -> str:
@@ -183,7 +200,7 @@ class RunDir:
         except FileNotFoundError:
             raise RunError(f"{where}: named by latest.json but missing") from None
         try:
-            state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            state = load_torch(data)
         except Exception as exc:  # noqa: BLE001 - torch raises many types for a file that is not a checkpoint
             raise RunError(f"{where}: not a readable checkpoint ({_why(exc)})") from None
         check_state(state, where)

@@ -290,7 +290,8 @@ def _build_model(
     record: dict[str, Any] = {}
     if isinstance(cfg.model, ZooModel):  # spandrel: rebuilt from the checkpoint's record, else --init, else fresh
         saved = state["config"].get("spandrel") if state is not None else None
-        model, net, spec = for_run(cfg.model, cfg.model_args or {}, cfg.init, cfg.dataset.scale, channels, saved, where)
+        weights = state["model"] if state is not None else None  # the record is held to them before it is built
+        model, net, spec = for_run(cfg.model, cfg.model_args or {}, cfg.init, cfg.dataset.scale, channels, saved, where, weights)
         record, residual = {"spandrel": spec}, Residual.NONE
     else:
         model = net = build_model(cfg.model, cfg.dataset.scale, channels, center=center, residual=residual)

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from shardmaker.errors import brief, require_extra
+from wdsr.train.untrusted import AllocationBudget, BudgetError
 
 PREFIX = "spandrel:"
 _SCALE_ARGS = ("upscale", "scale", "upscale_factor", "up_scale", "upscaling_factor")  # how archs name their scale
@@ -29,6 +30,7 @@ _IN_ARGS = ("num_in_ch", "in_nc", "in_chans", "in_channels", "in_ch", "inp_chann
 _OUT_ARGS = ("num_out_ch", "out_nc", "out_chans", "out_channels", "out_ch")
 _PLAIN = (bool, int, float, str, type(None))
 MAX_ARGS_CHARS = 4096
+MAX_DEPTH, MAX_ITEMS = 4, 4096  # an option's list value: nesting and length
 
 
 class ZooError(ValueError):
@@ -125,18 +127,23 @@ def parse_args(value: Any) -> dict[str, Any]:
                 raise ZooError(f"--model-args: {brief(part)} is not NAME=VALUE")
             try:
                 items[key.strip()] = yaml.safe_load(text) if text.strip() else ""
-            except yaml.YAMLError:
+            except (yaml.YAMLError, RecursionError):  # [[[[... 600 deep: PyYAML's parser recurses
                 raise ZooError(f"--model-args: {key.strip()}={brief(text)}: not a value") from None
     else:
         raise ZooError(f"--model-args must be NAME=VALUE,... or a mapping, got {brief(value)}")
     for key, v in items.items():
         if not isinstance(key, str) or not _plain(v):
-            raise ZooError(f"--model-args: {brief(key)}={brief(v)}: names are strings, values numbers, strings or lists")
+            raise ZooError(f"--model-args: {brief(key)}={brief(v)}: names are strings, values numbers, strings or short lists")
     return items
 
 
-def _plain(v: Any) -> bool:
-    return isinstance(v, _PLAIN) or isinstance(v, (list, tuple)) and all(_plain(x) for x in v)
+def _plain(v: Any, depth: int = 0) -> bool:
+    """A number, string, None, or a list of them nested at most ``MAX_DEPTH`` deep, ``MAX_ITEMS`` long (an option's
+    value: a checkpoint's record is untrusted, and a list 10^5 deep cannot even be printed)."""
+    if isinstance(v, _PLAIN):
+        return True
+    nested = isinstance(v, (list, tuple)) and depth < MAX_DEPTH and len(v) <= MAX_ITEMS
+    return nested and all(_plain(x, depth + 1) for x in v)
 
 
 def options(model: ZooModel, scale: int, channels: int, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -161,6 +168,8 @@ def options(model: ZooModel, scale: int, channels: int, args: Mapping[str, Any])
 def construct(cls: type, kw: Mapping[str, Any], what: str) -> nn.Module:
     try:
         return cls(**kw)
+    except BudgetError:
+        raise
     except Exception as exc:  # noqa: BLE001 - an architecture rejects options in its own words
         raise ZooError(
             f"{what}: {cls.__name__}({_args_text(kw)}) cannot be built ({type(exc).__name__}: {str(exc)[:160]})"
@@ -168,14 +177,14 @@ def construct(cls: type, kw: Mapping[str, Any], what: str) -> nn.Module:
 
 
 def _args_text(kw: Mapping[str, Any]) -> str:
-    return brief(", ".join(f"{k}={v!r}" for k, v in kw.items()), 200).strip("'\"")
+    return brief(", ".join(f"{k}={brief(v, 60)}" for k, v in kw.items()), 200).strip("'\"")
 
 
-def _on_meta(build: Any) -> nn.Module | None:
+def _on_meta(build: Any, what: str) -> nn.Module | None:
     """``build()`` laid out on the meta device (shapes only, nothing allocated), or None for an architecture
     whose constructor computes with its tensors (SwinIR's drop-path schedule): it can only be built for real."""
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), AllocationBudget(None, what):  # counted: never a 10^9-layer loop
             return build()
     except ZooError as exc:
         if "meta" in str(exc):
@@ -187,13 +196,13 @@ def check_buildable(model: ZooModel, scale: int, channels: int, args: Mapping[st
     """The settings build the architecture (on the meta device where it can be: nothing is allocated)."""
     arch, cls, _ = lookup(model.arch)
     kw = options(model, scale, channels, args)
-    _on_meta(lambda: construct(cls, kw, f"--model {model.value}"))
+    _on_meta(lambda: construct(cls, kw, f"--model {model.value}"), f"--model {model.value}")
 
 
 def layout(rec: Any, where: str) -> dict[str, torch.Tensor] | None:
     """The names and shapes of the weights a checkpoint's record builds (meta tensors), or None where the
     architecture cannot be laid out without building it."""
-    net = _on_meta(lambda: rebuild(rec, where))
+    net = _on_meta(lambda: rebuild(rec, where), where)
     return None if net is None else net.state_dict()
 
 
@@ -226,6 +235,9 @@ def rebuild(rec: Any, where: str) -> nn.Module:
     """The architecture a checkpoint's ``spandrel`` record names, freshly initialised (load its weights next)."""
     if not isinstance(rec, dict) or not isinstance(rec.get("arch"), str) or not isinstance(rec.get("hyperparameters"), dict):
         raise ZooError(f"{where}: the checkpoint's 'spandrel' record must hold 'arch' and 'hyperparameters'")
+    bad = next((k for k, v in rec["hyperparameters"].items() if not isinstance(k, str) or not _plain(v)), None)
+    if bad is not None:
+        raise ZooError(f"{where}: the checkpoint's 'spandrel' option {brief(bad)} is not a number, string or short list")
     classes = _classes()
     name = rec.get("class") if isinstance(rec.get("class"), str) else rec["arch"]
     if name not in classes or classes[name][0] != rec["arch"]:

@@ -7,8 +7,8 @@ spandrel (architecture, options and scale from the weights' names and shapes).
 
 from __future__ import annotations
 
-import io
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,30 +16,58 @@ import torch
 from torch import nn
 
 from shardmaker import storage
+from wdsr.train.checkpoint import load_torch
 from wdsr.train.padding import padded
-from wdsr.train.zoo import PREFIX, ZooError, ZooModel, construct, describe, lookup, options, rebuild, record, spandrel
+from wdsr.train.untrusted import BudgetError, bounded, check_shapes
+from wdsr.train.zoo import PREFIX, ZooError, ZooModel, construct, describe, layout, lookup, options, rebuild, record, spandrel
 
 log = logging.getLogger("wdsr")
 FILE_SUFFIXES = (".safetensors", ".pth", ".ckpt")  # model files (wdsr train's checkpoints are .pt)
+MAX_FILE_BYTES = 4 << 30  # the largest model file read (community SR models are KBs to a few hundred MB)
+MAX_HEADER_BYTES = 16 << 20  # a safetensors header's JSON (~100 bytes a tensor; safetensors itself allows 100 MB)
+
+
+def _read_bounded(path: str) -> bytes:
+    """The bytes of the regular file at ``path`` (never a FIFO or device), its size checked before reading."""
+    try:
+        with storage.open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_FILE_BYTES:
+                raise ZooError(f"{path}: {size} bytes, more than a model file holds (at most {MAX_FILE_BYTES})")
+            return f.read(size + 1)
+    except OSError as exc:
+        raise ZooError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
 def read_state_dict(path: str) -> dict[str, torch.Tensor]:
     """A model file's tensors (``.safetensors``, or ``.pth``/``.ckpt`` read with ``weights_only``), as spandrel
     canonicalises them (``params_ema``, ``module.`` prefixes)."""
+    data = _read_bounded(path)
+    safetensors = path.lower().endswith(".safetensors")
+    if safetensors:
+        _check_header(data, path)
     try:
-        data = storage.read_local(path)
-    except OSError as exc:
-        raise ZooError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    try:
-        if path.lower().endswith(".safetensors"):
+        if safetensors:
             from safetensors.torch import load as load_safetensors
 
             state: Any = load_safetensors(data)
         else:
-            state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            state = load_torch(data)
     except Exception as exc:  # noqa: BLE001 - many types for a file that is not a model
         first = (str(exc).splitlines() or [""])[0][:120]
         raise ZooError(f"{path}: not a readable model file ({type(exc).__name__}: {first})") from None
+    return tensors_of(state, path)
+
+
+def _check_header(data: bytes, path: str) -> None:
+    """A safetensors file's 8-byte header length: within the file and at most ``MAX_HEADER_BYTES``."""
+    n = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
+    if not 0 < n <= min(MAX_HEADER_BYTES, len(data) - 8):
+        raise ZooError(f"{path}: a safetensors header of {n} bytes in a {len(data)}-byte file (at most {MAX_HEADER_BYTES})")
+
+
+def tensors_of(state: Any, path: str) -> dict[str, torch.Tensor]:
+    """A loaded file's state dict as spandrel canonicalises it, checked to hold finite tensors only."""
     if not isinstance(state, dict):
         raise ZooError(f"{path}: holds {type(state).__name__}, not a state dict")
     state = spandrel().canonicalize_state_dict(state)
@@ -54,9 +82,16 @@ def load_file(path: str) -> Any:
     """A spandrel descriptor of a model file (architecture and scale from its weights), checked to be SR."""
     if not path.lower().endswith(FILE_SUFFIXES):
         raise ZooError(f"{path}: a model file is {', '.join(FILE_SUFFIXES)}")
-    state = read_state_dict(path)
+    return detect(read_state_dict(path), path)
+
+
+def detect(state: dict[str, torch.Tensor], path: str) -> Any:
+    """spandrel's descriptor of ``path``'s tensors (:func:`tensors_of`), built within the allocation budget, SR."""
     try:
-        desc = spandrel().MAIN_REGISTRY.load(state)
+        with bounded(state, path):  # the architecture's options come from the shapes: nothing giant is built
+            desc = spandrel().MAIN_REGISTRY.load(state)
+    except BudgetError:
+        raise
     except Exception as exc:  # noqa: BLE001 - UnsupportedModelError, or an architecture's own check
         why = f"{type(exc).__name__}: {str(exc)[:120]}" if str(exc) else "no architecture it knows has these weights' names"
         raise ZooError(f"{path}: spandrel does not recognise this model ({why})") from None
@@ -65,14 +100,33 @@ def load_file(path: str) -> Any:
     return desc
 
 
+def rebuilt(rec: Any, weights: Mapping[str, Any], where: str) -> nn.Module:
+    """The architecture a checkpoint's ``spandrel`` record names, for its ``weights``: the record is untrusted, so
+    its layout (on the meta device, where it can be) is held to the weights' names and shapes first, and the real
+    build may allocate only what such weights justify."""
+    expected = layout(rec, where)
+    if expected is not None:
+        check_shapes(expected, weights, f"{where}: weights do not fit spandrel {rec['arch']}")  # layout checked the record
+    with bounded(weights, where):
+        return rebuild(rec, where)
+
+
 def for_run(
-    model: ZooModel, args: Mapping[str, Any], init: str | None, scale: int, channels: int, saved: Any, where: str
+    model: ZooModel,
+    args: Mapping[str, Any],
+    init: str | None,
+    scale: int,
+    channels: int,
+    saved: Any,
+    where: str,
+    weights: Mapping[str, Any] | None = None,
 ) -> tuple[nn.Module, nn.Module, dict[str, Any]]:
     """``(the architecture, it as run: padded, its record)`` for ``wdsr train``: rebuilt from a checkpoint's
-    ``saved`` record (a resume: never from the --init file), else loaded from ``init``, else built fresh."""
+    ``saved`` record and held to its ``weights`` (a resume: never from the --init file), else loaded from
+    ``init``, else built fresh."""
     what = f"--model {model.value}"
     if saved is not None:
-        net, arch = rebuild(saved, where), str(saved["arch"])
+        net, arch = rebuilt(saved, weights or {}, where), str(saved["arch"])
     elif init:
         found = load_file(init)
         net, arch, what = found.model, found.architecture.id, f"--init {init}"
