@@ -31,6 +31,7 @@ from wdsr.train.config import make_config
 from wdsr.train.padding import bare
 from wdsr.train.zoo import ZooModel, parse_args
 from wdsr.train.zooload import build, for_run
+from wdsr.train.zooload import load_file as load_model_file
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("spandrel") is None, reason="spandrel: the Makefile installs it (--no-deps)"),
@@ -217,6 +218,8 @@ def test_a_community_pt_file_is_a_model_file_and_a_wdsr_pt_a_checkpoint(files, t
         assert rc == (0 if name == "4x-Compact.pt" else 2), err
     assert err.count("\n") == 0 and "other.pt: not a wdsr-train/1 checkpoint (written by wdsr train), nor a model" in err, err
     assert (tmp_path / "out" / "a.png").is_file()
+    found = load_model_file(str(community))  # what --init reads: a community .pt is a model file there too
+    assert (found.architecture.id, found.scale) == ("Compact", 4)
 
 
 @pytest.mark.parametrize(
@@ -267,11 +270,13 @@ def test_a_file_that_is_not_an_sr_model_is_refused_with_the_reason(photo_shards,
     )
     (tmp_path / "other.pth").write_bytes(state_bytes({"conv.weight": torch.zeros(8, 3, 3, 3)}, ".pth"))
     (tmp_path / "model.onnx").write_bytes(b"x")
+    torch.save({"format": "wdsr-train/1", "step": 1, "model": {}, "config": {}}, tmp_path / "ours.pt")
     cases = {
         "garbage.pth": "garbage.pth: not a readable model file (UnpicklingError",
         "denoise.safetensors": "denoise.safetensors: a Restoration model x1 (Compact); wdsr trains and runs SR models",
         "other.pth": "other.pth: spandrel does not recognise this model (no architecture it knows has these weights' names)",
-        "model.onnx": "model.onnx: a model file is .safetensors, .pth, .ckpt",
+        "model.onnx": "model.onnx: a model file is .safetensors, .pth, .ckpt, .pt",
+        "ours.pt": "ours.pt: a wdsr train checkpoint, not a model file: --resume its run, or `wdsr export` it first",
         "missing.pth": "missing.pth: cannot read (No such file or directory)",
     }
     for name, message in cases.items():

@@ -56,6 +56,8 @@ def read_state_dict(path: str) -> dict[str, torch.Tensor]:
     except Exception as exc:  # noqa: BLE001 - many types for a file that is not a model
         first = (str(exc).splitlines() or [""])[0][:120]
         raise ZooError(f"{path}: not a readable model file ({type(exc).__name__}: {first})") from None
+    if isinstance(state, dict) and "format" in state and "model" in state:  # wdsr train's own checkpoint
+        raise ZooError(f"{path}: a wdsr train checkpoint, not a model file: --resume its run, or `wdsr export` it first")
     return tensors_of(state, path)
 
 
@@ -79,9 +81,10 @@ def tensors_of(state: Any, path: str) -> dict[str, torch.Tensor]:
 
 
 def load_file(path: str) -> Any:
-    """A spandrel descriptor of a model file (architecture and scale from its weights), checked to be SR."""
-    if not path.lower().endswith(FILE_SUFFIXES):
-        raise ZooError(f"{path}: a model file is {', '.join(FILE_SUFFIXES)}")
+    """A spandrel descriptor of a model file (architecture and scale from its weights), checked to be SR; a
+    ``.pt`` is one too when it is not a wdsr train checkpoint (community files use that suffix as well)."""
+    if not path.lower().endswith((*FILE_SUFFIXES, ".pt")):
+        raise ZooError(f"{path}: a model file is {', '.join((*FILE_SUFFIXES, '.pt'))}")
     return detect(read_state_dict(path), path)
 
 
