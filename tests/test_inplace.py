@@ -4,6 +4,7 @@ files, symbolic links, the S3 test server)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -330,3 +331,26 @@ def test_the_node_cache_keeps_remote_files_whole_for_later_epochs(tmp_path, phot
     ds.set_epoch(0)
     again = [(lr.clone(), hr.clone(), list(k)) for lr, hr, k in loader]
     assert _same(again, first) and ds.stats.totals()["cache_hits"] == 2
+
+
+def test_indexing_an_s3_prefix_reads_each_file_with_one_get(tmp_path, refdata, s3):
+    import fsspec
+
+    fs = fsspec.filesystem("s3")
+    fs.clear_instance_cache()
+    hr, lr = refdata / "set5/HR", refdata / "set5/LR_bicubic/X4"
+    for p in [*hr.glob("*.png"), *lr.glob("*.png")]:
+        fs.put(str(p), f"{S3_BUCKET}/inplace-gets/{p.parent.name}/{p.name}")
+    proxy = FaultProxy(s3.port)
+    try:
+        cfg = FileIndexConfig(lr=(f"s3://{S3_BUCKET}/inplace-gets/X4",), progress=False)
+        cfg = dataclasses.replace(cfg, storage_options={"endpoint_url": proxy.endpoint})
+        res = index_files(f"s3://{S3_BUCKET}/inplace-gets/HR", str(tmp_path / "idx"), cfg)
+        pngs = {p: n for p, n in proxy.paths.items() if p.endswith(b".png")}
+    finally:
+        proxy.close()
+    assert res.manifest.samples == 5 and len(pngs) == 10 and set(pngs.values()) == {1}, pngs
+    want = index_files(str(hr), str(tmp_path / "local"), FileIndexConfig(lr=(str(lr),), progress=False)).manifest
+    assert [s.files["lr_x4.png"].xxh3_64.tolist() for s in res.manifest.shards] == [
+        s.files["lr_x4.png"].xxh3_64.tolist() for s in want.shards
+    ]
