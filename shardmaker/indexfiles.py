@@ -127,10 +127,12 @@ def index_files(hr_src: str, out: str, cfg: FileIndexConfig) -> FileIndexResult:
     roots = FileRoots(
         _root_of(pairs[0].hr, pairs[0].hr_rel),
         {s: _root_of(u, rel) for s, u, rel in pairs[0].lr},
-        "xxh3_64" if cfg.digest else "none",
+        "xxh3_64" if cfg.digest else "stamp",
     )
     if not cfg.digest:
-        log.warning("--no-digest: the index keeps sizes alone; a file changed to another of the same size is not noticed")
+        log.warning(
+            "--no-digest: the index trusts sizes and ETag/mtime; content rewritten under an unchanged stamp is not noticed"
+        )
     skips = mf.Skips(log)
     for sk in scan_skips:
         skips.add(sk.to_json(), sk.reason, sk.path)

@@ -1,6 +1,7 @@
 """One read per file when ``shardmaker index`` lists images in place: the scan's sizer
 (``builder.sources.Sizer``) that reads each listed file once, by a pool of threads, and keeps what the
-index needs of it (size, xxh3_64, header, the listing's modification stamp) in a compact record.
+index needs of it (size, header, xxh3_64 or, ``--no-digest``, that of its stamp: mtime_ns locally, the
+listed ETag remotely) in a compact record.
 
 The header and the digest come from the same bytes: a remote file is one GET (the whole object, or
 with ``--no-digest`` its first ``HEAD_BYTES``), a local one one open. A file larger than any image within
@@ -21,21 +22,21 @@ from shardmaker import storage
 from shardmaker.errors import InputError
 from shardmaker.format import headers
 from shardmaker.format import manifest as mf
+from shardmaker.format.files import stamp_digest
 
 _CHUNK = 8 << 20
 _WINDOW = 1024  # files submitted to the readers at a time
 
 
 class FileEntry(NamedTuple):
-    """What the index keeps of one file (a tuple: ~120 bytes a file)."""
+    """What the index keeps of one file (a tuple of 6 ints)."""
 
     size: int
-    xxh3_64: int  # 0 without a digest
+    xxh3_64: int  # without a digest (--no-digest): the stamp's (format.files.stamp_digest of mtime_ns or ETag)
     width: int
     height: int
     channels: int
     bit_depth: int
-    stamp: str  # local: its mtime_ns; remote: its ETag (or modification time) as listed
 
     @property
     def header(self) -> headers.ImageHeader:
@@ -62,7 +63,7 @@ def _too_big(path: str, size: int, member: str, max_pixels: int) -> None:
 def read_entry(fs: Any, path: str, max_pixels: int, digest: bool, stamp: str = "") -> FileEntry:
     """A file's size, header and (``digest``) xxh3_64 from one read; an InputError naming it when it is
     not a regular file, not of a format streamed in place, has no readable header, or is larger than
-    its image can be. ``stamp``: the listing's ``size:tag`` (remote: the size is taken from it)."""
+    its image can be. ``stamp``: the listing's ``size:tag`` (remote: the size and ETag are taken from it)."""
     try:
         return _read_entry(fs, path, max_pixels, digest, stamp)
     except OSError as exc:
@@ -93,7 +94,8 @@ def _read_entry(fs: Any, path: str, max_pixels: int, digest: bool, stamp: str) -
             raise InputError(path, f"{len(data)} bytes read, {size} listed (changed while indexing?)")
         head = _checked(path, size, member, data[: headers.HEAD_BYTES], max_pixels)
         h = xxhash.xxh3_64(data)
-    return FileEntry(size, h.intdigest() if digest else 0, head.width, head.height, head.channels, head.bit_depth, tag)
+    kept = h.intdigest() if digest else stamp_digest(tag)
+    return FileEntry(size, kept, head.width, head.height, head.channels, head.bit_depth)
 
 
 class FileReads:

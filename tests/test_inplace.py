@@ -251,18 +251,39 @@ def test_every_rank_gets_as_many_batches_and_together_every_file(hr_idx):
     assert {k for run in runs for _, _, ks in run for k in ks} == {f"p{i:02d}" for i in range(10)}
 
 
-def test_no_digest_checks_sizes_and_a_crafted_path_cannot_leave_its_root(tmp_path, photo_src, capsys):
+def test_no_digest_checks_sizes_and_mtimes_and_a_crafted_path_cannot_leave_its_root(tmp_path, photo_src, capsys):
     src = _copy(photo_src, tmp_path / "src", ["p00.png", "p01.png"])
     rc, out, _ = sm(capsys, "index", src, "--hr-only", "--no-digest", "-o", tmp_path / "idx")
-    assert rc == 0 and "sizes alone (--no-digest)" in out
+    assert rc == 0 and "sizes and ETag/mtime (--no-digest)" in out
     m = json.loads((tmp_path / "idx/manifest.json").read_text())
-    assert m["files"]["digest"] == "none" and _batches(tmp_path / "idx", lr="bicubic")
-    (src / "p01.png").write_bytes((src / "p01.png").read_bytes() + b"\0")
+    assert (m["files"]["digest"], m["files"]["version"]) == ("stamp", 2)
+    want = _batches(tmp_path / "idx", lr="bicubic")
+    assert want
+    old = bytearray((src / "p01.png").read_bytes())
+    stat = (src / "p01.png").stat()
+    data = bytearray(old)
+    data[-20] ^= 1  # same size, other pixels (its mtime moved on: set, so no clock tick can hide it)
+    (src / "p01.png").write_bytes(bytes(data))
+    os.utime(src / "p01.png", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    with pytest.raises(SampleError, match=r"key 'p01': .*p01\.png: its ETag/mtime differs from the index's"):
+        _batches(tmp_path / "idx", lr="bicubic")
+    rc, _, err = sm(capsys, "verify", tmp_path / "idx")
+    assert rc == 1 and "p01.png: its ETag/mtime differs" in err, err
+    (src / "p01.png").write_bytes(bytes(old) + b"\0")  # grown: its size tells
     with pytest.raises(SampleError, match=r"p01\.png: \d+ bytes, the index says"):
         _batches(tmp_path / "idx", lr="bicubic")
+    (src / "p01.png").write_bytes(bytes(old))
+    os.utime(src / "p01.png", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert _same(_batches(tmp_path / "idx", lr="bicubic"), want)
+    v1 = {**m, "files": {**m["files"], "version": 1, "digest": "none"}}  # written before stamps: sizes alone
+    for c in v1["shards"][0]["files"].values():
+        c["xxh3_64"] = ["0" * 16] * len(c["xxh3_64"])
+    (tmp_path / "idx/manifest.json").write_text(json.dumps(v1))
+    (tmp_path / "idx/manifest.json.idx").unlink()
+    os.utime(src / "p01.png", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    assert _same(_batches(tmp_path / "idx", lr="bicubic"), want)
     m["shards"][0]["files"]["hr.png"]["paths"][0] = "../src/p00.png"
     (tmp_path / "idx/manifest.json").write_text(json.dumps(m))
-    (tmp_path / "idx/manifest.json.idx").unlink()
     with pytest.raises(ValueError, match=r"files\.hr\.png\.paths\[0\]: a file path has a '\.' or '\.\.' segment"):
         wdsr.SRDataset(str(tmp_path / "idx"), **{**KW, "lr": "bicubic"})
 
@@ -354,3 +375,20 @@ def test_indexing_an_s3_prefix_reads_each_file_with_one_get(tmp_path, refdata, s
     assert [s.files["lr_x4.png"].xxh3_64.tolist() for s in res.manifest.shards] == [
         s.files["lr_x4.png"].xxh3_64.tolist() for s in want.shards
     ]
+
+
+def test_no_digest_on_s3_catches_an_object_replaced_by_one_of_the_same_size(tmp_path, photo_src, s3):
+    import fsspec
+
+    fs = fsspec.filesystem("s3")
+    fs.clear_instance_cache()
+    for n in ("p08.png", "p09.png"):
+        fs.put(str(photo_src / n), f"{S3_BUCKET}/inplace-stamp/hr/{n}")
+    url = f"s3://{S3_BUCKET}/inplace-stamp/idx"
+    assert sm_quiet("index", f"s3://{S3_BUCKET}/inplace-stamp/hr", "--hr-only", "--no-digest", "-o", url) == 0
+    assert _batches(url, lr="bicubic")
+    data = bytearray((photo_src / "p09.png").read_bytes())
+    data[-20] ^= 1
+    fs.pipe(f"{S3_BUCKET}/inplace-stamp/hr/p09.png", bytes(data))
+    with pytest.raises(SampleError, match=r"key 'p09': .*p09\.png: its ETag/mtime differs from the index's"):
+        _batches(url, lr="bicubic")
