@@ -1,6 +1,6 @@
 """Index scale: ``shardmaker index DIR --hr-only`` over a scale model of a big listing (one tiny PNG's
 bytes under N names, 1,000 a folder), on local disk and on the test S3 server; peak RSS above the
-process's start (``ru_maxrss``) and files/s, each N in a fresh process. The per-file slope between two
+process's start (``/proc/self/status``: VmHWM - VmRSS) and files/s, each N in a fresh process. The per-file slope between two
 sizes extrapolates the peak to 1M files.
 
     python -m bench.index_scale --local 5000,20000,100000 --s3 5000,20000 --out /tmp/index_scale
@@ -12,7 +12,6 @@ import argparse
 import io
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -35,12 +34,15 @@ def tiny_png() -> bytes:
 def local_model(root: Path, n: int) -> str:
     src = root / f"local-{n}"
     if not src.exists():
-        first = root / "tiny.png"
-        first.write_bytes(tiny_png())
+        data = tiny_png()
         for i in range(n):
-            d = src / f"{i // 1000:04d}"
-            d.mkdir(parents=True, exist_ok=True)
-            os.link(first, d / f"{i:07d}.png")  # one file's bytes under N names
+            d, name = src / f"{i // 1000:04d}", f"{i:07d}.png"
+            if i % 1000 == 0:
+                d.mkdir(parents=True)
+                (d / name).write_bytes(data)
+                first = d / name
+            else:
+                os.link(first, d / name)  # one file's bytes under 1,000 names a folder (links per inode are bounded)
     return str(src)
 
 
@@ -54,12 +56,17 @@ def child(src: str, out: str) -> None:
     """One index, in this process: the peak above what the imports took."""
     from shardmaker.indexfiles import FileIndexConfig, index_files
 
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = _status_kb("VmRSS")
     t0 = time.perf_counter()
     res = index_files(src, out, FileIndexConfig(hr_only=True, progress=False, overwrite=True))
     secs = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = _status_kb("VmHWM")  # this process's own peak (ru_maxrss would carry the forking parent's)
     print(json.dumps({"files": res.manifest.samples, "s": secs, "peak_mb": (peak - base) / 1024}))
+
+
+def _status_kb(field: str) -> int:
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
+    return int(line.split()[1])
 
 
 def run(src: str, out: str, env: dict[str, str]) -> dict:

@@ -113,6 +113,18 @@ def index_files(hr_src: str, out: str, cfg: FileIndexConfig) -> FileIndexResult:
             raise FileIndexError(f"-o {out}: inside the source {src}; an index is written outside its sources")
     if ofs.exists(target) and not cfg.overwrite:
         raise FileIndexError(f"{out}: an index exists there; give --overwrite to replace it")
+    skips = mf.Skips(log)
+    data = _manifest(hr_src, cfg, skips).dumps()  # the listing, pairs and entries are gone by now: memory
+    m = mf.parse(data, out, compact=True)  # as readers see it (columns): checked before it is written
+    ofs.makedirs(oroot, exist_ok=True)
+    storage.write_atomic(ofs, colindex.index_path(target), colindex.encode(m, data))  # first: the manifest commits
+    storage.write_atomic(ofs, target, data)
+    return FileIndexResult(m, storage.url_of(ofs, target), skips.first, skips.count, time.perf_counter() - t0)
+
+
+def _manifest(hr_src: str, cfg: FileIndexConfig, skips: mf.Skips) -> mf.Manifest:
+    """The index of the files under ``hr_src``: listed, paired and read once each (the scan's sizer),
+    then grouped; what the scan held of each file goes when this returns."""
     with tqdm(unit="file", desc="index", disable=not cfg.progress) as bar:
         read = FileReads(cfg.workers, cfg.max_pixels, cfg.digest, lambda: bar.update(1))  # one read a file, in the scan
         pairs, scan_skips, _ = scan_sources(
@@ -133,7 +145,6 @@ def index_files(hr_src: str, out: str, cfg: FileIndexConfig) -> FileIndexResult:
         log.warning(
             "--no-digest: the index trusts sizes and ETag/mtime; content rewritten under an unchanged stamp is not noticed"
         )
-    skips = mf.Skips(log)
     for sk in scan_skips:
         skips.add(sk.to_json(), sk.reason, sk.path)
     entries: list[dict[int | None, FileEntry] | InputError] = []
@@ -148,7 +159,7 @@ def index_files(hr_src: str, out: str, cfg: FileIndexConfig) -> FileIndexResult:
         raise FileIndexError(f"{hr_src}: no usable image in {len(pairs)}")
     build = {"tool": "shardmaker index", "version": __version__, "seed": cfg.seed, **skips.to_build()}
     members = mf.MemberNames(names[None], {s: n for s, n in names.items() if s is not None})
-    m = mf.Manifest(
+    return mf.Manifest(
         mf.codec_of(names[None]),
         sorted(roots.lr),
         "provided" if roots.lr else "none",
@@ -159,12 +170,6 @@ def index_files(hr_src: str, out: str, cfg: FileIndexConfig) -> FileIndexResult:
         bit_depth=kind[1],
         files=roots,
     )
-    data = m.dumps()
-    m = mf.parse(data, out, compact=True)  # as readers see it (columns): checked before it is written
-    ofs.makedirs(oroot, exist_ok=True)
-    storage.write_atomic(ofs, colindex.index_path(target), colindex.encode(m, data))  # first: the manifest commits
-    storage.write_atomic(ofs, target, data)
-    return FileIndexResult(m, storage.url_of(ofs, target), skips.first, skips.count, time.perf_counter() - t0)
 
 
 def _keep(

@@ -79,11 +79,12 @@ def _read_entry(fs: Any, path: str, max_pixels: int, digest: bool, stamp: str) -
             st = os.fstat(f.fileno())
             size, tag = st.st_size, str(st.st_mtime_ns)
             _too_big(path, size, member, max_pixels)
-            first = f.read(headers.HEAD_BYTES)
+            first = f.read(min(size, headers.HEAD_BYTES))  # reads sized to the file: no 1-8 MiB buffer a small file
             head = _checked(path, size, member, first, max_pixels)
-            h = xxhash.xxh3_64(first)
-            while digest and (chunk := f.read(_CHUNK)):
+            h, left = xxhash.xxh3_64(first), size - len(first)
+            while digest and left > 0 and (chunk := f.read(min(left, _CHUNK))):
                 h.update(chunk)
+                left -= len(chunk)
     else:
         listed, _, tag = stamp.partition(":")
         size = int(listed) if listed.isdigit() else storage.size_of(fs, path)

@@ -392,3 +392,19 @@ def test_no_digest_on_s3_catches_an_object_replaced_by_one_of_the_same_size(tmp_
     fs.pipe(f"{S3_BUCKET}/inplace-stamp/hr/p09.png", bytes(data))
     with pytest.raises(SampleError, match=r"key 'p09': .*p09\.png: its ETag/mtime differs from the index's"):
         _batches(url, lr="bicubic")
+
+
+def test_indexing_holds_less_than_1_6_kb_a_file_at_its_peak(tmp_path):
+    import tracemalloc
+
+    from bench.index_scale import local_model
+
+    src = local_model(tmp_path, 8000)  # one tiny PNG under 8,000 names
+    tracemalloc.start()
+    try:
+        index_files(src, str(tmp_path / "idx"), FileIndexConfig(hr_only=True, progress=False))
+        per_file = tracemalloc.get_traced_memory()[1] / 8000
+    finally:
+        tracemalloc.stop()
+    assert per_file < 1600, f"{per_file:.0f} bytes a file"  # was 4.3 KB: the listing, pairs and 8 MiB reads at once
+
