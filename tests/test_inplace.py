@@ -408,3 +408,29 @@ def test_indexing_holds_less_than_1_6_kb_a_file_at_its_peak(tmp_path):
         tracemalloc.stop()
     assert per_file < 1600, f"{per_file:.0f} bytes a file"  # was 4.3 KB: the listing, pairs and 8 MiB reads at once
 
+
+def test_elastic_resume_from_world_2_to_world_3_hands_out_every_patch_once(tmp_path, refdata):
+    from collections import Counter
+
+    from tests.test_loader_state import _make, _patches
+
+    idx = tmp_path / "idx"
+    assert sm_quiet("index", refdata / "set5/HR", "--lr", refdata / "set5/LR_bicubic/X4", "-o", idx) == 0
+    url, kw = str(idx), dict(scale=4, patch_size=32, patches_per_image=6, batch_size=1, shuffle_buffer=8, seed=4)
+    every = Counter(p for r in range(2) for p in _patches(_make(url, wdsr.env.World(r, 2), **{**kw, "shuffle_buffer": 0}), 0)[0])
+    stop = len(wdsr.make_loader(_make(url, wdsr.env.World(0, 2), **kw), num_workers=0)) // 2
+    consumed, state = Counter(), None
+    for r in range(2):  # a mid-epoch checkpoint of world 2 (the same state on both ranks)
+        got, state, _ = _patches(_make(url, wdsr.env.World(r, 2), **kw), 0, stop=stop)
+        consumed.update(got)
+    resumed, counts, reports = Counter(), [], []
+    for r in range(3):  # ... resumed by world 3
+        got, after, loader = _patches(_make(url, wdsr.env.World(r, 3), **kw), 0, state=state)
+        resumed.update(got)
+        counts.append(len(got))
+        reports.append(loader.elastic_report)
+        assert (after["epoch"], after["batches"]) == (1, 0)
+    assert len(set(counts)) == 1 and reports[0] is not None and all(x == reports[0] for x in reports)
+    assert max((consumed + resumed).values()) == 1 and set(consumed + resumed) <= set(every)  # nothing twice, nothing made up
+    missing = set(every) - set(consumed + resumed)
+    assert len(missing) == reports[0]["dropped"] and reports[0]["patches"] == len(every) - len(consumed)
