@@ -122,6 +122,8 @@ class FileReads:
                 self.entries[storage.url_of(fs, path)] = e
             return e.width, e.height
 
+        if not storage.is_local(fs):
+            fs.invalidate_cache()  # the listing's copy in fsspec's directory cache: sizes and ETags come with ``stamps``
         out: list[tuple[int, int] | InputError] = []
         with ThreadPoolExecutor(self.workers) as pool:
             for a in range(0, len(paths), _WINDOW):  # a window of futures at a time: memory does not grow with them
