@@ -438,7 +438,7 @@ def _index_files(args: argparse.Namespace) -> int:
     res = index_files(args.shards[0], args.out, cfg)
     m = res.manifest
     assert m.members is not None and m.files is not None
-    checked = "sizes and xxh3_64" if m.files.digested else "sizes alone (--no-digest)"
+    checked = m.files.checked_by.replace("size", "sizes", 1)
     print(
         f"wrote {res.path}: {m.samples} samples ({', '.join(m.members.names())}), {m.bytes / 1e6:.1f} MB of files "
         f"in place, {checked} recorded, {res.seconds:.1f} s"

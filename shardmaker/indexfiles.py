@@ -4,7 +4,7 @@ The folder (or prefix) is listed and paired exactly as ``shardmaker build`` does
 (``builder.sources.scan_sources``: DIV2K/Set5 names, ``--lr-pattern``, symbolic links followed, FIFOs
 and devices left out), and ordered as ``build`` orders its samples (``builder.run.order_samples``, same
 ``--seed``), so streaming the index gives the batches the shards built from the folder give. Each file
-is read once: its header (size, channels, depth: no pixel decode) and its xxh3_64 (``--no-digest``: its
+is read once, in the scan (``indexreads``): its header (size, channels, depth: no decode) and its xxh3_64 (``--no-digest``: its
 size alone); a file larger than any image within ``max_pixels`` (or than its own header's image) is
 refused before it is read. Samples are grouped (``group_bytes`` of files a group) as shards group them.
 Nothing is written under the sources: the index goes to ``-o``, outside them.
@@ -16,11 +16,9 @@ import dataclasses
 import logging
 import posixpath
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-import xxhash
 from tqdm import tqdm
 
 from shardmaker import storage
@@ -31,11 +29,10 @@ from shardmaker.format import colindex, headers
 from shardmaker.format import manifest as mf
 from shardmaker.format.files import FileColumns, FileRoots, group_digest, group_layout
 from shardmaker.format.loading import locate
+from shardmaker.indexreads import FileEntry, FileReads
 from shardmaker.version import __version__
 
 log = logging.getLogger("shardmaker")
-_CHUNK = 8 << 20
-_WINDOW = 1024  # files submitted to the readers at a time
 
 
 class FileIndexError(ShardmakerError, ValueError):
@@ -68,41 +65,12 @@ class FileIndexConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class FileEntry:
-    size: int
-    xxh3_64: int
-    header: headers.ImageHeader
-
-
-@dataclasses.dataclass(frozen=True)
 class FileIndexResult:
     manifest: mf.Manifest
     path: str
     skipped: list[dict[str, Any]]
     skipped_count: int
     seconds: float
-
-
-def read_entry(fs: Any, path: str, member: str, max_pixels: int, digest: bool) -> FileEntry:
-    """A file's size, header and (``digest``) xxh3_64, in one read; an InputError naming it when it is
-    not a regular file, has no readable header, or is larger than its image can be."""
-    with storage.open_input(fs, path) as f:
-        size = storage.size_of(fs, path)
-        if size > headers.member_limit(member, max_pixels):
-            raise InputError(path, f"{size} bytes: larger than any {mf.codec_of(member)} image within max_pixels={max_pixels}")
-        first = f.read(headers.HEAD_BYTES)
-        try:
-            head = headers.image_header(first, member)
-        except headers.HeaderError as exc:
-            raise InputError(path, str(exc)) from None
-        if size > headers.member_limit(member, max_pixels, head):
-            raise InputError(path, f"{size} bytes: larger than a {head.width}x{head.height} image can be")
-        if head.pixels > max_pixels:
-            raise InputError(path, f"{head.width}x{head.height} = {head.pixels} pixels is over max_pixels={max_pixels}")
-        h = xxhash.xxh3_64(first)
-        while digest and (chunk := f.read(_CHUNK)):
-            h.update(chunk)
-    return FileEntry(size, h.intdigest() if digest else 0, head)
 
 
 def _member(side: str, url: str) -> str:
@@ -114,18 +82,16 @@ def _root_of(url: str, rel: str) -> str:
     return url[: len(url) - len(rel)].rstrip("/") if url.endswith(rel) else posixpath.dirname(url)
 
 
-def _sample(p: Pair, names: dict[int | None, str], cfg: FileIndexConfig) -> dict[int | None, FileEntry]:
-    """Every file of pair ``p`` read (HR under key None, LR under its scale), the pair's headers checked."""
+def _sample(p: Pair, names: dict[int | None, str], cfg: FileIndexConfig, read: FileReads) -> dict[int | None, FileEntry]:
+    """Every file of pair ``p`` as the scan read it (HR under key None, LR under its scale), the pair's
+    headers checked."""
     out: dict[int | None, FileEntry] = {}
     for side, url in [(None, p.hr), *((s, u) for s, u, _ in p.lr)]:
         want = names[side]
         if _member(want.split(".")[0], url) != want:
             raise InputError(url, f"a {want.rsplit('.', 1)[-1]} file is wanted: one index holds one format per side")
-        fs, path = storage.open_dir(url, cfg.storage_options)  # HR and LR may be on different filesystems
-        out[side] = read_entry(fs, path, want, cfg.max_pixels, cfg.digest)
+        out[side] = read.entries[url]
     hr = out[None].header
-    if (hr.width, hr.height) != tuple(p.hr_size):
-        raise InputError(p.hr, f"header says {hr.width}x{hr.height}, the listing {p.hr_size[0]}x{p.hr_size[1]} (changed?)")
     for s, u, _ in p.lr:
         try:
             headers.check_pair(hr, out[s].header, s, None, cfg.max_pixels)
@@ -147,7 +113,23 @@ def index_files(hr_src: str, out: str, cfg: FileIndexConfig) -> FileIndexResult:
             raise FileIndexError(f"-o {out}: inside the source {src}; an index is written outside its sources")
     if ofs.exists(target) and not cfg.overwrite:
         raise FileIndexError(f"{out}: an index exists there; give --overwrite to replace it")
-    pairs, scan_skips, _ = scan_sources([hr_src], cfg.lr, cfg.mod_crop, cfg.on_error, cfg.storage_options, cfg.lr_pattern)
+    skips = mf.Skips(log)
+    data = _manifest(hr_src, cfg, skips).dumps()  # the listing, pairs and entries are gone by now: memory
+    m = mf.parse(data, out, compact=True)  # as readers see it (columns): checked before it is written
+    ofs.makedirs(oroot, exist_ok=True)
+    storage.write_atomic(ofs, colindex.index_path(target), colindex.encode(m, data))  # first: the manifest commits
+    storage.write_atomic(ofs, target, data)
+    return FileIndexResult(m, storage.url_of(ofs, target), skips.first, skips.count, time.perf_counter() - t0)
+
+
+def _manifest(hr_src: str, cfg: FileIndexConfig, skips: mf.Skips) -> mf.Manifest:
+    """The index of the files under ``hr_src``: listed, paired and read once each (the scan's sizer),
+    then grouped; what the scan held of each file goes when this returns."""
+    with tqdm(unit="file", desc="index", disable=not cfg.progress) as bar:
+        read = FileReads(cfg.workers, cfg.max_pixels, cfg.digest, lambda: bar.update(1))  # one read a file, in the scan
+        pairs, scan_skips, _ = scan_sources(
+            [hr_src], cfg.lr, cfg.mod_crop, cfg.on_error, cfg.storage_options, cfg.lr_pattern, sizer=read
+        )
     pairs = order_samples(pairs, cfg.seed, None)
     names: dict[int | None, str] = {None: _member("hr", pairs[0].hr)}
     names.update({s: _member(f"lr_x{s}", u) for s, u, _ in pairs[0].lr})
@@ -157,36 +139,27 @@ def index_files(hr_src: str, out: str, cfg: FileIndexConfig) -> FileIndexResult:
     roots = FileRoots(
         _root_of(pairs[0].hr, pairs[0].hr_rel),
         {s: _root_of(u, rel) for s, u, rel in pairs[0].lr},
-        "xxh3_64" if cfg.digest else "none",
+        "xxh3_64" if cfg.digest else "stamp",
     )
     if not cfg.digest:
-        log.warning("--no-digest: the index keeps sizes alone; a file changed to another of the same size is not noticed")
-    skips = mf.Skips(log)
+        log.warning(
+            "--no-digest: the index trusts sizes and ETag/mtime; content rewritten under an unchanged stamp is not noticed"
+        )
     for sk in scan_skips:
         skips.add(sk.to_json(), sk.reason, sk.path)
-    with (
-        ThreadPoolExecutor(cfg.workers) as pool,
-        tqdm(total=len(pairs), unit="img", desc="index", disable=not cfg.progress) as bar,
-    ):
-
-        def one(p: Pair) -> dict[int | None, FileEntry] | InputError:
-            try:
-                return _sample(p, names, cfg)
-            except InputError as exc:
-                return exc
-            finally:
-                bar.update(1)
-
-        entries: list[dict[int | None, FileEntry] | InputError] = []
-        for a in range(0, len(pairs), _WINDOW):  # a window of futures at a time: memory does not grow with them
-            entries += pool.map(one, pairs[a : a + _WINDOW])
+    entries: list[dict[int | None, FileEntry] | InputError] = []
+    for p in pairs:
+        try:
+            entries.append(_sample(p, names, cfg, read))
+        except InputError as exc:
+            entries.append(exc)
     good, kind = _keep(pairs, entries, cfg, skips)
     skips.summarise()
     if not good:
         raise FileIndexError(f"{hr_src}: no usable image in {len(pairs)}")
     build = {"tool": "shardmaker index", "version": __version__, "seed": cfg.seed, **skips.to_build()}
     members = mf.MemberNames(names[None], {s: n for s, n in names.items() if s is not None})
-    m = mf.Manifest(
+    return mf.Manifest(
         mf.codec_of(names[None]),
         sorted(roots.lr),
         "provided" if roots.lr else "none",
@@ -197,12 +170,6 @@ def index_files(hr_src: str, out: str, cfg: FileIndexConfig) -> FileIndexResult:
         bit_depth=kind[1],
         files=roots,
     )
-    data = m.dumps()
-    m = mf.parse(data, out, compact=True)  # as readers see it (columns): checked before it is written
-    ofs.makedirs(oroot, exist_ok=True)
-    storage.write_atomic(ofs, colindex.index_path(target), colindex.encode(m, data))  # first: the manifest commits
-    storage.write_atomic(ofs, target, data)
-    return FileIndexResult(m, storage.url_of(ofs, target), skips.first, skips.count, time.perf_counter() - t0)
 
 
 def _keep(

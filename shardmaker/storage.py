@@ -21,6 +21,7 @@ from shardmaker.errors import InputError
 __all__ = [
     "naming",
     "discard",
+    "file_stamp",
     "is_local",
     "is_object_store",
     "is_s3",
@@ -137,6 +138,15 @@ def size_of(fs: fsspec.AbstractFileSystem, path: str) -> int:
         return int(fs.size(path))
     with open_regular(path) as f:
         return os.fstat(f.fileno()).st_size
+
+
+def file_stamp(fs: fsspec.AbstractFileSystem, path: str, f: Any = None) -> str:
+    """What changes when the file at ``path`` is rewritten: its mtime_ns (local; of the open file ``f``
+    when given), else its ETag (or modification time) as the store reports it now."""
+    if is_local(fs):
+        return str((os.fstat(f.fileno()) if f is not None else os.stat(path)).st_mtime_ns)
+    info = fs.info(path, refresh=True) if is_s3(fs) else fs.info(path)
+    return str(info.get("ETag") or info.get("etag") or info.get("LastModified") or info.get("mtime") or "").strip('"')
 
 
 def read_range(fs: fsspec.AbstractFileSystem, path: str, start: int, end: int) -> bytes:

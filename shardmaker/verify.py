@@ -397,7 +397,7 @@ def _index_of(m: Manifest) -> str:
     if m.files is None:
         return "foreign shards (shardmaker index): read in place, members by offset"
     lr = "".join(f", x{s} LR under {r}" for s, r in sorted(m.files.lr.items()))
-    digest = "size and xxh3_64" if m.files.digested else "size alone (--no-digest)"
+    digest = m.files.checked_by
     return f"image files in place (groups of files, not shards): HR under {m.files.hr}{lr}; each file checked by {digest}"
 
 

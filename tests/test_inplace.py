@@ -4,6 +4,7 @@ files, symbolic links, the S3 test server)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -250,18 +251,39 @@ def test_every_rank_gets_as_many_batches_and_together_every_file(hr_idx):
     assert {k for run in runs for _, _, ks in run for k in ks} == {f"p{i:02d}" for i in range(10)}
 
 
-def test_no_digest_checks_sizes_and_a_crafted_path_cannot_leave_its_root(tmp_path, photo_src, capsys):
+def test_no_digest_checks_sizes_and_mtimes_and_a_crafted_path_cannot_leave_its_root(tmp_path, photo_src, capsys):
     src = _copy(photo_src, tmp_path / "src", ["p00.png", "p01.png"])
     rc, out, _ = sm(capsys, "index", src, "--hr-only", "--no-digest", "-o", tmp_path / "idx")
-    assert rc == 0 and "sizes alone (--no-digest)" in out
+    assert rc == 0 and "sizes and ETag/mtime (--no-digest)" in out
     m = json.loads((tmp_path / "idx/manifest.json").read_text())
-    assert m["files"]["digest"] == "none" and _batches(tmp_path / "idx", lr="bicubic")
-    (src / "p01.png").write_bytes((src / "p01.png").read_bytes() + b"\0")
+    assert (m["files"]["digest"], m["files"]["version"]) == ("stamp", 2)
+    want = _batches(tmp_path / "idx", lr="bicubic")
+    assert want
+    old = bytearray((src / "p01.png").read_bytes())
+    stat = (src / "p01.png").stat()
+    data = bytearray(old)
+    data[-20] ^= 1  # same size, other pixels (its mtime moved on: set, so no clock tick can hide it)
+    (src / "p01.png").write_bytes(bytes(data))
+    os.utime(src / "p01.png", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    with pytest.raises(SampleError, match=r"key 'p01': .*p01\.png: its ETag/mtime differs from the index's"):
+        _batches(tmp_path / "idx", lr="bicubic")
+    rc, _, err = sm(capsys, "verify", tmp_path / "idx")
+    assert rc == 1 and "p01.png: its ETag/mtime differs" in err, err
+    (src / "p01.png").write_bytes(bytes(old) + b"\0")  # grown: its size tells
     with pytest.raises(SampleError, match=r"p01\.png: \d+ bytes, the index says"):
         _batches(tmp_path / "idx", lr="bicubic")
+    (src / "p01.png").write_bytes(bytes(old))
+    os.utime(src / "p01.png", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert _same(_batches(tmp_path / "idx", lr="bicubic"), want)
+    v1 = {**m, "files": {**m["files"], "version": 1, "digest": "none"}}  # written before stamps: sizes alone
+    for c in v1["shards"][0]["files"].values():
+        c["xxh3_64"] = ["0" * 16] * len(c["xxh3_64"])
+    (tmp_path / "idx/manifest.json").write_text(json.dumps(v1))
+    (tmp_path / "idx/manifest.json.idx").unlink()
+    os.utime(src / "p01.png", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    assert _same(_batches(tmp_path / "idx", lr="bicubic"), want)
     m["shards"][0]["files"]["hr.png"]["paths"][0] = "../src/p00.png"
     (tmp_path / "idx/manifest.json").write_text(json.dumps(m))
-    (tmp_path / "idx/manifest.json.idx").unlink()
     with pytest.raises(ValueError, match=r"files\.hr\.png\.paths\[0\]: a file path has a '\.' or '\.\.' segment"):
         wdsr.SRDataset(str(tmp_path / "idx"), **{**KW, "lr": "bicubic"})
 
@@ -330,3 +352,85 @@ def test_the_node_cache_keeps_remote_files_whole_for_later_epochs(tmp_path, phot
     ds.set_epoch(0)
     again = [(lr.clone(), hr.clone(), list(k)) for lr, hr, k in loader]
     assert _same(again, first) and ds.stats.totals()["cache_hits"] == 2
+
+
+def test_indexing_an_s3_prefix_reads_each_file_with_one_get(tmp_path, refdata, s3):
+    import fsspec
+
+    fs = fsspec.filesystem("s3")
+    fs.clear_instance_cache()
+    hr, lr = refdata / "set5/HR", refdata / "set5/LR_bicubic/X4"
+    for p in [*hr.glob("*.png"), *lr.glob("*.png")]:
+        fs.put(str(p), f"{S3_BUCKET}/inplace-gets/{p.parent.name}/{p.name}")
+    proxy = FaultProxy(s3.port)
+    try:
+        cfg = FileIndexConfig(lr=(f"s3://{S3_BUCKET}/inplace-gets/X4",), progress=False)
+        cfg = dataclasses.replace(cfg, storage_options={"endpoint_url": proxy.endpoint})
+        res = index_files(f"s3://{S3_BUCKET}/inplace-gets/HR", str(tmp_path / "idx"), cfg)
+        pngs = {p: n for p, n in proxy.paths.items() if p.endswith(b".png")}
+    finally:
+        proxy.close()
+    assert res.manifest.samples == 5 and len(pngs) == 10 and set(pngs.values()) == {1}, pngs
+    want = index_files(str(hr), str(tmp_path / "local"), FileIndexConfig(lr=(str(lr),), progress=False)).manifest
+    assert [s.files["lr_x4.png"].xxh3_64.tolist() for s in res.manifest.shards] == [
+        s.files["lr_x4.png"].xxh3_64.tolist() for s in want.shards
+    ]
+
+
+def test_no_digest_on_s3_catches_an_object_replaced_by_one_of_the_same_size(tmp_path, photo_src, s3):
+    import fsspec
+
+    fs = fsspec.filesystem("s3")
+    fs.clear_instance_cache()
+    for n in ("p08.png", "p09.png"):
+        fs.put(str(photo_src / n), f"{S3_BUCKET}/inplace-stamp/hr/{n}")
+    url = f"s3://{S3_BUCKET}/inplace-stamp/idx"
+    assert sm_quiet("index", f"s3://{S3_BUCKET}/inplace-stamp/hr", "--hr-only", "--no-digest", "-o", url) == 0
+    assert _batches(url, lr="bicubic")
+    data = bytearray((photo_src / "p09.png").read_bytes())
+    data[-20] ^= 1
+    fs.pipe(f"{S3_BUCKET}/inplace-stamp/hr/p09.png", bytes(data))
+    with pytest.raises(SampleError, match=r"key 'p09': .*p09\.png: its ETag/mtime differs from the index's"):
+        _batches(url, lr="bicubic")
+
+
+def test_indexing_holds_less_than_1_6_kb_a_file_at_its_peak(tmp_path):
+    import tracemalloc
+
+    from bench.index_scale import local_model
+
+    src = local_model(tmp_path, 8000)  # one tiny PNG under 8,000 names
+    tracemalloc.start()
+    try:
+        index_files(src, str(tmp_path / "idx"), FileIndexConfig(hr_only=True, progress=False))
+        per_file = tracemalloc.get_traced_memory()[1] / 8000
+    finally:
+        tracemalloc.stop()
+    assert per_file < 1600, f"{per_file:.0f} bytes a file"  # was 4.3 KB: the listing, pairs and 8 MiB reads at once
+
+
+def test_elastic_resume_from_world_2_to_world_3_hands_out_every_patch_once(tmp_path, refdata):
+    from collections import Counter
+
+    from tests.test_loader_state import _make, _patches
+
+    idx = tmp_path / "idx"
+    assert sm_quiet("index", refdata / "set5/HR", "--lr", refdata / "set5/LR_bicubic/X4", "-o", idx) == 0
+    url, kw = str(idx), dict(scale=4, patch_size=32, patches_per_image=6, batch_size=1, shuffle_buffer=8, seed=4)
+    every = Counter(p for r in range(2) for p in _patches(_make(url, wdsr.env.World(r, 2), **{**kw, "shuffle_buffer": 0}), 0)[0])
+    stop = len(wdsr.make_loader(_make(url, wdsr.env.World(0, 2), **kw), num_workers=0)) // 2
+    consumed, state = Counter(), None
+    for r in range(2):  # a mid-epoch checkpoint of world 2 (the same state on both ranks)
+        got, state, _ = _patches(_make(url, wdsr.env.World(r, 2), **kw), 0, stop=stop)
+        consumed.update(got)
+    resumed, counts, reports = Counter(), [], []
+    for r in range(3):  # ... resumed by world 3
+        got, after, loader = _patches(_make(url, wdsr.env.World(r, 3), **kw), 0, state=state)
+        resumed.update(got)
+        counts.append(len(got))
+        reports.append(loader.elastic_report)
+        assert (after["epoch"], after["batches"]) == (1, 0)
+    assert len(set(counts)) == 1 and reports[0] is not None and all(x == reports[0] for x in reports)
+    assert max((consumed + resumed).values()) == 1 and set(consumed + resumed) <= set(every)  # nothing twice, nothing made up
+    missing = set(every) - set(consumed + resumed)
+    assert len(missing) == reports[0]["dropped"] and reports[0]["patches"] == len(every) - len(consumed)

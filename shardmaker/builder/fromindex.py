@@ -1,6 +1,6 @@
 """An index of image files (``shardmaker index DIR``) used by the other commands: its samples as
 ``build``'s sources (``build --from IDX``: the pairs the folder's scan gives, so the shards are the
-ones a build from the folder writes), and its files checked against it (size and xxh3_64:
+ones a build from the folder writes), and its files checked against it (size and xxh3_64, or ETag/mtime:
 ``verify IDX``, ``build --from``, ``cat``)."""
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ from shardmaker import storage
 from shardmaker.builder.sources import Pair
 from shardmaker.errors import InputError, ShardmakerError
 from shardmaker.format import load, locate
+from shardmaker.format.files import stamp_digest
 from shardmaker.format.manifest import Manifest, ShardInfo
 
 log = logging.getLogger("shardmaker")
 _CHUNK = 8 << 20
+_STAMP_DIFFERS = "its ETag/mtime differs from the index's (changed since it was indexed)"
 
 
 class NotAFileIndex(ShardmakerError, ValueError):
@@ -79,6 +81,10 @@ def file_problem(m: Manifest, info: ShardInfo, i: int, member: str, storage_opti
             size = storage.size_of(fs, path)
             if size != int(c.bytes[i]):
                 return f"{url}: {size} bytes, the index says {int(c.bytes[i])} (changed since it was indexed)"
+            if m.files.stamped and stamp_digest(storage.file_stamp(fs, path, f if storage.is_local(fs) else None)) != int(
+                c.xxh3_64[i]
+            ):
+                return f"{url}: {_STAMP_DIFFERS}"
             h = xxhash.xxh3_64()
             while m.files.digested and (chunk := f.read(_CHUNK)):
                 h.update(chunk)
@@ -130,4 +136,6 @@ def read_file(m: Manifest, info: ShardInfo, i: int, member: str, storage_options
         raise InputError(url, f"{len(data)} bytes, the index says {int(c.bytes[i])} (changed since it was indexed)")
     if m.files.digested and xxhash.xxh3_64_intdigest(data) != int(c.xxh3_64[i]):
         raise InputError(url, "its xxh3_64 differs from the index's (changed since it was indexed)")
+    if m.files.stamped and stamp_digest(storage.file_stamp(fs, path)) != int(c.xxh3_64[i]):
+        raise InputError(url, _STAMP_DIFFERS)
     return data

@@ -16,7 +16,7 @@ import posixpath
 import re
 import stat
 import string
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from typing import Any
 
 import fsspec
@@ -33,6 +33,8 @@ from shardmaker.imaging.regions import TiffFallback, TiffRegions, is_tiff
 log = logging.getLogger(__name__)
 _XSUFFIX = re.compile(r"^(.*?)x(\d+)$")
 _PATTERN_FIELDS = {"stem": r"(?P<stem>.+)", "s": r"(?P<s>\d+)"}
+# (filesystem, paths, path -> listing stamp) -> each file's (w, h), or the InputError that says why not
+Sizer = Callable[[Any, Sequence[str], Mapping[str, str]], list[tuple[int, int] | InputError]]
 
 
 def lr_name_pattern(pattern: str) -> re.Pattern[str]:
@@ -205,6 +207,7 @@ def scan_sources(
     on_error: OnError = OnError.FAIL,
     storage_options: dict[str, Any] | None = None,
     lr_pattern: str | None = None,
+    sizer: Sizer | None = None,
 ) -> tuple[list[Pair], list[Skipped], list[str]]:
     """Pairs (with the skipped sources and the files that are not images, as :func:`scan`) from one
     or several HR sources: folders, or brace patterns of image files (``photos/{0001..0800}.png``).
@@ -213,7 +216,7 @@ def scan_sources(
     so keys from different sources never collide; LR folders (``--lr``) pair with one HR folder only."""
     hr_srcs = list(hr_srcs)
     if len(hr_srcs) == 1 and "{" not in hr_srcs[0]:
-        return scan(hr_srcs[0], lr_urls, mod_crop, on_error, storage_options, lr_pattern=lr_pattern)
+        return scan(hr_srcs[0], lr_urls, mod_crop, on_error, storage_options, lr_pattern=lr_pattern, sizer=sizer)
     if list(lr_urls):
         raise InputError(hr_srcs[0], "--lr pairs with one HR folder; build each dataset and mix them (SRDataset([a, b]))")
     groups: list[tuple[str, frozenset[str] | None]] = []  # (folder URL, files in it or None for all)
@@ -239,7 +242,7 @@ def scan_sources(
     ignored: list[str] = []
     for (url, only), root in zip(groups, roots, strict=True):
         prefix = posixpath.relpath(root, common) if root != common else ""
-        got, skip, other = scan(url, (), mod_crop, on_error, storage_options, only=only, key_prefix=prefix)
+        got, skip, other = scan(url, (), mod_crop, on_error, storage_options, only=only, key_prefix=prefix, sizer=sizer)
         pairs += got
         skipped += skip
         ignored += other if only is None else []  # a pattern names its files: the others were not asked for
@@ -294,6 +297,18 @@ def header_size(fs: fsspec.AbstractFileSystem, path: str, ext: str | None = None
         raise InputError(path, unreadable(exc)) from None
 
 
+def header_sizes(fs: Any, paths: Sequence[str], stamps: Mapping[str, str]) -> list[tuple[int, int] | InputError]:
+    """Each file's ``(w, h)`` from its header (:func:`header_size`), one after another; an unreadable
+    file's InputError in its place. The default :data:`Sizer` (``stamps`` unused)."""
+    out: list[tuple[int, int] | InputError] = []
+    for path in paths:
+        try:
+            out.append(header_size(fs, path, posixpath.splitext(path)[1]))
+        except InputError as exc:
+            out.append(exc)
+    return out
+
+
 def scale_of(hr_size: tuple[int, int], lr_size: tuple[int, int], mod_crop: bool) -> int:
     """Integer scale s with HR = s x LR (+ less than s with mod-crop); ValueError otherwise."""
     (hw, hh), (lw, lh) = hr_size, lr_size
@@ -335,11 +350,14 @@ def scan(
     only: frozenset[str] | None = None,
     key_prefix: str = "",
     lr_pattern: str | None = None,
+    sizer: Sizer | None = None,
 ) -> tuple[list[Pair], list[Skipped], list[str]]:
     """All pairs under ``hr_url``, sorted by key, the problems listed when skipping (else raised) and
     the files that are not images by their extension.
     ``only``: just these image paths under it; ``key_prefix``: put before every key and relative name;
-    ``lr_pattern``: how LR files are named (:func:`lr_name_pattern`; default: same stem or stem + x{s})."""
+    ``lr_pattern``: how LR files are named (:func:`lr_name_pattern`; default: same stem or stem + x{s});
+    ``sizer``: how the images' sizes are read (default :func:`header_sizes`; ``shardmaker index`` reads
+    each file once there, its digest with its header)."""
     lr_urls = list(lr_urls)
     if lr_pattern is not None:
         lr_name_pattern(lr_pattern)  # a bad pattern fails before any folder is read
@@ -354,10 +372,11 @@ def scan(
         hr_stamps = {k: v for k, v in hr_stamps.items() if k in only}
     if not hr_stamps:
         raise InputError(hr_url, f"no images found (looked for {', '.join(codecs.SOURCE_EXTENSIONS)})")
-    hr = _hr_images(hr_url, fs, hr_root, list(hr_stamps), key_prefix, out)
+    sizer = sizer or header_sizes
+    hr = _hr_images(hr_url, fs, hr_root, hr_stamps, key_prefix, out, sizer)
     stamps: dict[str, str] = dict(hr_stamps)
     for url, (lfs, lroot) in zip(lr_urls, lr_roots, strict=True):
-        _match_lr_folder(url, lfs, lroot, hr, stamps, mod_crop, out, lr_pattern)
+        _match_lr_folder(url, lfs, lroot, hr, stamps, mod_crop, out, lr_pattern, sizer)
     pairs = []
     for key in sorted(hr.by_key):
         if key in hr.bad:
@@ -397,10 +416,12 @@ class _HrImages:
     lr_of: dict[str, list[tuple[int, str, str]]]
 
 
-def _hr_images(hr_url: str, fs: Any, hr_root: str, paths: list[str], key_prefix: str, out: Collector) -> _HrImages:
+def _hr_images(
+    hr_url: str, fs: Any, hr_root: str, stamps: dict[str, str], key_prefix: str, out: Collector, sizer: Sizer
+) -> _HrImages:
     by_key: dict[str, str] = {}
     hr_rel: dict[str, str] = {}
-    for path in paths:
+    for path in stamps:
         rel = posixpath.relpath(path, hr_root)
         key = make_key(posixpath.join(key_prefix, rel) if key_prefix else rel)
         if key in by_key:
@@ -410,12 +431,12 @@ def _hr_images(hr_url: str, fs: Any, hr_root: str, paths: list[str], key_prefix:
         hr_rel[key] = rel
     sizes: dict[str, tuple[int, int]] = {}
     bad: set[str] = set()
-    for key, path in by_key.items():
-        try:
-            sizes[key] = header_size(fs, path, posixpath.splitext(path)[1])
-        except InputError as exc:
-            out.problem(exc.path, exc.reason)
+    for key, got in zip(by_key, sizer(fs, list(by_key.values()), stamps), strict=True):
+        if isinstance(got, InputError):
+            out.problem(got.path, got.reason)
             bad.add(key)
+        else:
+            sizes[key] = got
     stem_to_key = {posixpath.splitext(r)[0]: k for k, r in hr_rel.items()}
     return _HrImages(hr_url, by_key, hr_rel, stem_to_key, sizes, bad, {k: [] for k in by_key})
 
@@ -453,6 +474,7 @@ def _match_lr_folder(
     mod_crop: bool,
     out: Collector,
     lr_pattern: str | None = None,
+    sizer: Sizer = header_sizes,
 ) -> None:
     """Pair the LR images of one ``--lr`` folder with the HR images (one scale per folder)."""
     names = lr_name_pattern(lr_pattern) if lr_pattern is not None else None
@@ -460,6 +482,9 @@ def _match_lr_folder(
     dir_scale: int | None = None
     dir_example = ""
     lr_stamps = _list_images(lfs, lroot, problem=out.problem, ignored=out.ignored)
+    keys = {p: _hr_key_of(posixpath.splitext(posixpath.relpath(p, lroot))[0], hr, names)[0] for p in lr_stamps}
+    want = [p for p, k in keys.items() if k is not None and k not in hr.bad]  # the LR files that may pair: sized at once
+    lr_sizes = dict(zip(want, sizer(lfs, want, lr_stamps), strict=True))
     for lpath in lr_stamps:
         stamps[storage.url_of(lfs, lpath)] = lr_stamps[lpath]
         lrel = posixpath.relpath(lpath, lroot)
@@ -476,7 +501,10 @@ def _match_lr_folder(
         if key in hr.bad:
             continue
         try:
-            s = scale_of(hr.sizes[key], header_size(lfs, lpath, posixpath.splitext(lpath)[1]), mod_crop)
+            got = lr_sizes[lpath]
+            if isinstance(got, InputError):
+                raise got
+            s = scale_of(hr.sizes[key], got, mod_crop)
             if suffix_scale is not None and suffix_scale != s:
                 raise ValueError(f"name says x{suffix_scale} but the size ratio is {s}")
             if dir_scale is not None and s != dir_scale:

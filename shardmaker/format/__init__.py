@@ -31,6 +31,7 @@ Readers turn these into ``wdsr.SampleError`` (shard, key, reason); messages neve
 from shardmaker.format import tiles
 from shardmaker.format.colverify import index_problems
 from shardmaker.format.digests import DigestAlgorithm, Digests, SampleHeaderError, check_digest, check_digests
+from shardmaker.format.files import stamp_digest
 from shardmaker.format.header import ClipSpan, SampleHeader, parse_digests
 from shardmaker.format.headers import DEFAULT_MAX_PIXELS, HeaderError, ImageHeader, check_pair, image_header
 from shardmaker.format.loading import load, load_index, locate
@@ -112,6 +113,7 @@ __all__ = [
     "parse_digests",
     "probe_file",
     "shard_path",
+    "stamp_digest",
     "split_name",
     "tiles",
 ]

@@ -15,18 +15,22 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from shardmaker.format.schema import BLOCK, XXH3, ManifestError, int_field, key_problem, list_field, str_field
 
-FILES_VERSION = 1
-DIGESTS = ("xxh3_64", "none")  # none: --no-digest (the reader trusts sizes)
+FILES_VERSION = 2  # 2: digest "stamp" (1, still read: "xxh3_64" or "none")
+FILES_VERSIONS = (1, 2)
+# xxh3_64: each file's digest; stamp (--no-digest): the xxh3_64 column holds that of each file's stamp, its
+# mtime_ns (local) or ETag (remote) as indexed (stamp_digest); none (version 1): sizes alone
+DIGESTS = ("xxh3_64", "stamp", "none")
 MAX_FILE_BYTES = 1 << 40
 
 
 @dataclasses.dataclass(frozen=True)
 class FileRoots:
     """Where an index's files are: the HR root and one root per LR scale (URLs or absolute paths), and
-    whether each file's xxh3_64 was recorded (``digest``) or only its size."""
+    what was recorded of each file besides its size (``digest``: its xxh3_64, its stamp, or nothing)."""
 
     hr: str
     lr: dict[int, str]
@@ -42,7 +46,17 @@ class FileRoots:
 
     @property
     def digested(self) -> bool:
-        return self.digest != "none"
+        return self.digest == "xxh3_64"
+
+    @property
+    def stamped(self) -> bool:
+        """The xxh3_64 column holds each file's :func:`stamp_digest` (``--no-digest``)."""
+        return self.digest == "stamp"
+
+    @property
+    def checked_by(self) -> str:
+        """What a file is checked by, in words."""
+        return {"xxh3_64": "size and xxh3_64", "stamp": "size and ETag/mtime (--no-digest)"}.get(self.digest, "size alone")
 
     def root(self, side: int | None) -> str:
         """The HR root (``side`` None) or the x``side`` LR root."""
@@ -61,8 +75,8 @@ class FileRoots:
         if type(d) is not dict or {"version", "hr", "lr", "digest"} - set(d):
             raise ManifestError(where, "files", 'must be {"version", "hr", "lr", "digest"}')
         version = int_field(d["version"], where, "files.version", 1, 1 << 30)
-        if version != FILES_VERSION:
-            raise ManifestError(where, "files.version", f"file index version {version}; this reader knows {FILES_VERSION}")
+        if version not in FILES_VERSIONS:
+            raise ManifestError(where, "files.version", f"file index version {version}; this reader knows {FILES_VERSIONS}")
         if type(d["lr"]) is not dict:
             raise ManifestError(where, "files.lr", "must be an object: scale -> root")
         lr: dict[int, str] = {}
@@ -107,6 +121,12 @@ class FileColumns:
             if not isinstance(digests[i], str) or not XXH3.fullmatch(digests[i]):
                 raise ManifestError(where, f"{field}.xxh3_64[{i}]", "must be 16 lowercase hex digits")
         return cls(list(paths), np.asarray(sizes, dtype=np.int64), np.array([int(x, 16) for x in digests], dtype=np.uint64))
+
+
+def stamp_digest(tag: str) -> int:
+    """What the index keeps of a file's stamp (``--no-digest``): the xxh3_64 of its mtime_ns (local,
+    in decimal) or of its ETag (remote, without quotes)."""
+    return xxhash.xxh3_64_intdigest(tag.strip('"').encode())
 
 
 def path_problem(path: Any) -> str | None:

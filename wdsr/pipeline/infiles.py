@@ -1,5 +1,5 @@
 """Read samples of an index of image files in place (``shardmaker index DIR``): each sample's wanted
-files, whole, checked against the index (size, and xxh3_64 where it keeps one) before anything decodes
+files, whole, checked against the index (size, and xxh3_64 or ETag/mtime where it keeps one) before anything decodes
 them, and handed on as a tar sample's members are (``{"hr.png": bytes, "lr_x4.png": bytes}``).
 
 Local files are read through the regular-file opener (symbolic links followed, FIFOs and devices
@@ -21,7 +21,7 @@ import xxhash
 
 from shardmaker import storage
 from shardmaker.errors import InputError
-from shardmaker.format import Manifest, ShardInfo
+from shardmaker.format import Manifest, ShardInfo, stamp_digest
 from wdsr.errors import SampleError, SampleUnavailable
 from wdsr.pipeline.plan import Span
 from wdsr.store import remote
@@ -73,6 +73,9 @@ def read_file(
     if far:
         rf = remote.RemoteFile(fs, path, url, roots.retry, on_retry=on_retry)
         data: bytes | bytearray = _remote(roots, rf, info, i, member)
+        tag = ""
+        if roots.files.stamped:  # the responses' ETag (two: replaced mid-read, never a stamp); none: the store's now
+            tag = ",".join(sorted(rf.etags)) if rf.etags else storage.file_stamp(fs, path)
     else:
         try:
             with storage.open_regular(path) as f:
@@ -80,6 +83,7 @@ def read_file(
                 if got != size:
                     raise SampleError(info.name, key, f"{url}: {got} bytes, the index says {size} (changed since it was indexed)")
                 data = f.read()
+                tag = storage.file_stamp(fs, path, f) if roots.files.stamped else ""
         except FileNotFoundError:
             raise SampleError(info.name, key, f"{url}: missing (removed since it was indexed)") from None
         except InputError as exc:
@@ -90,6 +94,8 @@ def read_file(
         raise SampleError(info.name, key, f"{url}: {len(data)} bytes, the index says {size} (changed since it was indexed)")
     if roots.files.digested and xxhash.xxh3_64_intdigest(data) != digest:
         raise SampleError(info.name, key, f"{url}: its xxh3_64 differs from the index's (changed since it was indexed)")
+    if roots.files.stamped and stamp_digest(tag) != digest:
+        raise SampleError(info.name, key, f"{url}: its ETag/mtime differs from the index's (changed since it was indexed)")
     return data
 
 

@@ -148,6 +148,7 @@ class RemoteFile:
         self.on_retry = on_retry
         self.sleep = sleep if sleep is not None else time.sleep
         self._s3 = storage.is_s3(fs) and hasattr(fs, "_call_s3")  # s3fs: stream and resume at the byte
+        self.etags: set[str] = set()  # the ETag of every S3 response read from (one, unless replaced mid-read)
 
     def _attempt(self, what: str, fn: Callable[[], Any]) -> Any:
         failures = 0
@@ -218,7 +219,9 @@ class RemoteFile:
             fsspec.asyn.sync(self.fs.loop, self._s3_stream, buf, start, got)
             return
         try:
-            _http_range_into(url, buf, start, got, self.retry.timeout_s)
+            tag = _http_range_into(url, buf, start, got, self.retry.timeout_s)
+            if tag:
+                self.etags.add(tag.strip('"'))
         except PermissionError:
             # refused as presigned: try once the way s3fs signs requests (it raises if that is refused too)
             fsspec.asyn.sync(self.fs.loop, self._s3_stream, buf, start, got)
@@ -233,6 +236,8 @@ class RemoteFile:
             self.retry.timeout_s,
         )
         body = resp["Body"]
+        if resp.get("ETag"):
+            self.etags.add(str(resp["ETag"]).strip('"'))
         try:
             view = memoryview(buf)
             while got[0] < len(buf):
@@ -311,7 +316,9 @@ class HttpStatusError(OSError):
         self.status, self.code = status, code
 
 
-def _http_range_into(url: str, buf: bytearray, start: int, got: list[int], timeout: float) -> None:
+def _http_range_into(url: str, buf: bytearray, start: int, got: list[int], timeout: float) -> str | None:
+    """Bytes ``[start + got[0], start + len(buf))`` of ``url`` into ``buf`` (``got`` moved on as they come);
+    the response's ETag."""
     u = urllib.parse.urlsplit(url)
     conn = _connection(u.scheme, u.hostname or "", u.port, timeout)
     first, last = start + got[0], start + len(buf) - 1
@@ -344,6 +351,7 @@ def _http_range_into(url: str, buf: bytearray, start: int, got: list[int], timeo
             got[0] += len(piece)
         if resp.read(1):
             raise ValueError("the response is longer than the range asked for")
+        return resp.getheader("ETag")
     except BaseException:
         _drop_connection(conn)
         raise
