@@ -123,29 +123,46 @@ def _med(xs: Sequence[float], f: str, unit: str = "") -> str:
     return one if len(xs) == 1 else f"{one} ({format(min(xs), f)}-{format(max(xs), f)})"
 
 
-def table(arms: Sequence[Arm], runs: dict[str, list[BenchResult]]) -> str:
+def table(runs: dict[str, list[BenchResult]]) -> str:
+    """One row per arm (``runs`` keyed "where: loader"): medians over the rounds, their range in brackets."""
     rows = []
-    for a in arms:
-        rs = runs[a.key]
+    for key, rs in runs.items():
+        where, name = key.split(": ", 1)
         rows.append(
             [
-                a.where,
-                a.name,
+                where,
+                name,
                 _med([r.patches_per_s for r in rs], ".1f"),
                 _med([r.first_batch_s for r in rs], ".2f", " s"),
                 _med([r.decode_ms for r in rs], ".0f"),
-                _med([r.mb_per_s for r in rs], ".0f"),
+                _med([r.efficiency * 100 for r in rs], ".0f", "%"),
             ]
         )
-    head = ["where", "loader", "patches/s: median (range)", "first batch", "decode ms/sample", "MB/s read"]
+    head = ["where", "loader", "patches/s: median (range)", "first batch", "decode ms/sample", "of ceiling"]
     return md_table(head, rows)
 
 
-def ratio(runs: dict[str, list[BenchResult]], a: str, b: str) -> str:
+def paired(runs: dict[str, list[BenchResult]], a: str, b: str) -> str | None:
+    """Median (range) over the rounds of a's patches/s over b's in the same round."""
     if a not in runs or b not in runs:
-        return "-"
-    x, y = (statistics.median(r.patches_per_s for r in runs[n]) for n in (a, b))
-    return f"{x / y:.2f}x"
+        return None
+    rs = [x.patches_per_s / y.patches_per_s for x, y in zip(runs[a], runs[b], strict=True)]
+    one = f"**{statistics.median(rs):.2f}x**"
+    return one if len(rs) == 1 else f"{one} (rounds: {min(rs):.2f}-{max(rs):.2f}x)"
+
+
+def ratios(runs: dict[str, list[BenchResult]], ks: Sequence[int]) -> list[str]:
+    """In place against PNG shards and against LitData, where and for each k, round by round."""
+    lit = "LitData StreamingRawDataset, 1 patch/decode"
+    lines = []
+    for where in ("local disk", "S3"):
+        for k in ks:
+            ours_k = f"{where}: in place (PNG files), k={k}"
+            if (r := paired(runs, ours_k, f"{where}: PNG shards, k={k}")) is not None:
+                lines.append(f"- {where}, k={k}: in place / PNG shards {r}")
+            if (r := paired(runs, ours_k, f"{where}: {lit}")) is not None:
+                lines.append(f"- {where}, k={k}: in place / LitData raw {r}")
+    return lines
 
 
 def s3_arms(server: S3Server, work: Path, src: Path, png: str, ks: Sequence[int]) -> tuple[list[Arm], list[str]]:
@@ -182,7 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--quick", action="store_true", help="4 small frames, one short round, local only: that it runs")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    log.setLevel(logging.INFO)
     size = (768, 512) if args.quick else (3840, 2160)
     frames, seconds, rounds = (4, 0.2, 1) if args.quick else (args.frames, args.seconds, args.rounds)
     ks = (16,) if args.quick else (16, 64)
@@ -220,33 +238,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
+    one, five, _ = os.getloadavg()
     lines = [
         f"{head}; {frames} frames of {size[0]}x{size[1]}, HR patch 192, x4, batch 16, 2 workers; "
-        f"{seconds:g} s per run after warm-up, {rounds} round(s), every arm once per round in rotated order",
+        f"{seconds:g} s per run after warm-up, {rounds} round(s), every arm once per round in rotated order; "
+        f"load {one:.2f} / {five:.2f} at the end",
         "",
         *notes,
         "",
         decoders(src),
         "",
-        table(arms, runs),
+        table(runs),
         "",
+        *ratios(runs, ks),
     ]
-    for where in ("local disk", "S3"):
-        for k in ks:
-            a, b = f"in place (PNG files), k={k}", f"PNG shards, k={k}"
-            if any(x.where == where and x.name == a for x in arms):
-                lines.append(f"- {where}, k={k}: in place / PNG shards **{ratio(runs_at(runs, arms, where), a, b)}**")
-        lit = "LitData StreamingRawDataset, 1 patch/decode"
-        for k in ks:
-            r = ratio(runs_at(runs, arms, where), f"in place (PNG files), k={k}", lit)
-            if r != "-":
-                lines.append(f"- {where}: in place k={k} / LitData raw **{r}**")
     report(work, "inplace", "\n".join(lines), runs)
     return 0
-
-
-def runs_at(runs: dict[str, list[BenchResult]], arms: Sequence[Arm], where: str) -> dict[str, list[BenchResult]]:
-    return {a.name: runs[a.key] for a in arms if a.where == where}
 
 
 if __name__ == "__main__":
