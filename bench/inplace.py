@@ -1,6 +1,7 @@
 """Images in place (``shardmaker index DIR --lr DIR``) against PNG/QOI shards and LitData's raw path.
 
-    .venv/bin/python -m bench.inplace [--frames 24] [--seconds 6] [--rounds 3] [--out bench/out] [--no-s3] [--quick]
+    .venv/bin/python -m bench.inplace [--frames 24] [--seconds 6] [--rounds 3] [--out bench/out] [--no-s3]
+                                      [--first-byte-ms 30] [--quick]
 
 The 4K frames of ``bench.stream_bench``: the HR and x4 LR members of its PNG shards written out as
 plain files (``inplace-src/hr/f000.png``, ``inplace-src/lr/f000x4.png``: the very bytes the PNG shards
@@ -9,9 +10,12 @@ patch 192, batch 16, 2 workers): in place, PNG shards and QOI shards at k=16 and
 decode, and LitData's ``StreamingRawDataset`` over the same files with a PairedImageDataset-style
 transform (one patch per decode: ``bench.litdata_arm``; left out when litdata is not installed); then,
 unless ``--no-s3``, the same from the SeaweedFS test server on 127.0.0.1 (files uploaded, an index of
-the ``s3://`` prefix, PNG shards uploaded). Every round runs every arm once, the order rotated each
-round (no arm always runs first or after the same neighbour); the table gives the median and the
-range over the rounds. ``--quick``: 4 small frames, one short round, local only (tests/test_bench_inplace.py).
+the ``s3://`` prefix, PNG shards uploaded), and small files (48 pairs of 640x360, a few ms to decode)
+in place and as PNG shards from that server through ``tests/faultproxy.py`` holding every GET's
+first byte ``--first-byte-ms`` (a distant store's latency; 0: not run). Every round runs every arm
+once, the order rotated each round (no arm always runs first or after the same neighbour); the table
+gives the median and the range over the rounds. ``--quick``: 4 small frames, one short round, local
+only (tests/test_bench_inplace.py).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -35,6 +40,7 @@ from shardmaker import format as fmt
 from shardmaker import storage
 from shardmaker.imaging import codecs
 from shardmaker.indexfiles import FileIndexConfig, index_files
+from tests.faultproxy import FaultProxy
 from tests.s3server import S3Server
 from wdsr.tools.bench import BenchResult, bench_stream
 
@@ -44,6 +50,7 @@ except ImportError:
     litdata_arm = None  # type: ignore[assignment]
 
 log = logging.getLogger("bench.inplace")
+SMALL = (640, 360)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +79,8 @@ def files_of(png_shards: str, out: Path) -> Path:
     return out
 
 
-def ours(name: str, where: str, url: str, k: int) -> Arm:
-    kw = dict(workers=2, batch_size=16, patch_size=192, scale=4, patches_per_image=k)
+def ours(name: str, where: str, url: str, k: int, storage_options: dict[str, Any] | None = None) -> Arm:
+    kw = dict(workers=2, batch_size=16, patch_size=192, scale=4, patches_per_image=k, storage_options=storage_options)
     return Arm(f"{name}, k={k}", where, lambda s: bench_stream(url, name=f"{name}, k={k}", seconds=s, **kw))
 
 
@@ -155,7 +162,7 @@ def ratios(runs: dict[str, list[BenchResult]], ks: Sequence[int]) -> list[str]:
     """In place against PNG shards and against LitData, where and for each k, round by round."""
     lit = "LitData StreamingRawDataset, 1 patch/decode"
     lines = []
-    for where in ("local disk", "S3"):
+    for where in dict.fromkeys(key.split(": ", 1)[0] for key in runs):
         for k in ks:
             ours_k = f"{where}: in place (PNG files), k={k}"
             if (r := paired(runs, ours_k, f"{where}: PNG shards, k={k}")) is not None:
@@ -188,6 +195,25 @@ def s3_arms(server: S3Server, work: Path, src: Path, png: str, ks: Sequence[int]
     return arms, notes
 
 
+def small_arms(server: S3Server, work: Path, first_byte_ms: float) -> tuple[list[Arm], list[str], FaultProxy]:
+    """Small files (48 PNG pairs of 640x360, a few ms to decode) from S3 through a proxy that holds every
+    GET's first byte ``first_byte_ms``: one GET per file against range reads of shards."""
+    import s3fs
+
+    built = shards(work, 48, SMALL)
+    src = files_of(built["png"], work / "inplace-src-small")
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    for sub in ("hr", "lr"):
+        fs.put(f"{src / sub}/", f"bench/small/{sub}/", recursive=True)
+    fs.put(f"{built['png']}/", "bench/small-png/", recursive=True)
+    idx, _, _ = index("s3://bench/small/hr", "s3://bench/small/lr", work / "inplace-idx-small")
+    proxy = FaultProxy(server.port)
+    proxy.first_byte_s = first_byte_ms / 1e3
+    where, opts = f"S3 + {first_byte_ms:g} ms first byte, 640x360", {"endpoint_url": proxy.endpoint}
+    arms = [ours("in place (PNG files)", where, idx, 16, opts), ours("PNG shards", where, "s3://bench/small-png", 16, opts)]
+    return arms, [f"{where}: 48 pairs, every GET's response held {first_byte_ms:g} ms by tests/faultproxy.py."], proxy
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--frames", type=int, default=24)
@@ -197,6 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--s3", action=argparse.BooleanOptionalAction, default=None, help="the S3 arms (default: on; off with --quick)"
     )
+    ap.add_argument("--first-byte-ms", type=float, default=30.0, help="latency of the small-file S3 arms (0: none)")
     ap.add_argument("--quick", action="store_true", help="4 small frames, one short round, local only: that it runs")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -224,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         arms.append(litdata("local disk", str(src), work / "litdata-cache"))
     else:
         notes.append("LitData left out: `litdata` (and `zstd`) not importable (pip install 'wdsr[bench]').")
-    server = None
+    server, proxy = None, None
     try:
         if args.s3 if args.s3 is not None else not args.quick:
             server = S3Server(Path(tempfile.mkdtemp(prefix="wdsr-inplace-s3-"))).start()
@@ -232,10 +259,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             more, s3_notes = s3_arms(server, work, src, built["png"], ks)
             arms += more
             notes += s3_notes
+            if args.first_byte_ms > 0:
+                more, s3_notes, proxy = small_arms(server, work, args.first_byte_ms)
+                arms += more
+                notes += s3_notes
         for a in arms:  # warm-up: imports, page cache, LitData's listing cache
             a.run(min(seconds, 1.0))
         runs = run_rounds(arms, rounds, seconds)
     finally:
+        if proxy is not None:
+            notes.append(f"The proxy forwarded {proxy.gets} GETs (so those arms went through it).")
+            proxy.close()
         if server is not None:
             server.stop()
     one, five, _ = os.getloadavg()
