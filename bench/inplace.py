@@ -35,7 +35,8 @@ from typing import Any
 import cv2
 import numpy as np
 
-from bench.common import machine_line, md_table, parser, report, seconds_of, shards, warm_page_cache
+from bench.common import machine_line, parser, report, seconds_of, shards, warm_page_cache
+from bench.inplace_report import ratios, table
 from shardmaker import format as fmt
 from shardmaker import storage
 from shardmaker.imaging import codecs
@@ -120,56 +121,6 @@ def run_rounds(arms: Sequence[Arm], rounds: int, seconds: float) -> dict[str, li
             runs[arm.key].append(res)
             log.info("round %d, %s, %s: %.1f patches/s", r + 1, arm.where, arm.name, res.patches_per_s)
     return runs
-
-
-def _med(xs: Sequence[float], f: str, unit: str = "") -> str:
-    xs = [x for x in xs if x == x]
-    if not xs:
-        return "-"
-    one = format(statistics.median(xs), f) + unit
-    return one if len(xs) == 1 else f"{one} ({format(min(xs), f)}-{format(max(xs), f)})"
-
-
-def table(runs: dict[str, list[BenchResult]]) -> str:
-    """One row per arm (``runs`` keyed "where: loader"): medians over the rounds, their range in brackets."""
-    rows = []
-    for key, rs in runs.items():
-        where, name = key.split(": ", 1)
-        rows.append(
-            [
-                where,
-                name,
-                _med([r.patches_per_s for r in rs], ".1f"),
-                _med([r.first_batch_s for r in rs], ".2f", " s"),
-                _med([r.decode_ms for r in rs], ".0f"),
-                _med([r.efficiency * 100 for r in rs], ".0f", "%"),
-            ]
-        )
-    head = ["where", "loader", "patches/s: median (range)", "first batch", "decode ms/sample", "of ceiling"]
-    return md_table(head, rows)
-
-
-def paired(runs: dict[str, list[BenchResult]], a: str, b: str) -> str | None:
-    """Median (range) over the rounds of a's patches/s over b's in the same round."""
-    if a not in runs or b not in runs:
-        return None
-    rs = [x.patches_per_s / y.patches_per_s for x, y in zip(runs[a], runs[b], strict=True)]
-    one = f"**{statistics.median(rs):.2f}x**"
-    return one if len(rs) == 1 else f"{one} (rounds: {min(rs):.2f}-{max(rs):.2f}x)"
-
-
-def ratios(runs: dict[str, list[BenchResult]], ks: Sequence[int]) -> list[str]:
-    """In place against PNG shards and against LitData, where and for each k, round by round."""
-    lit = "LitData StreamingRawDataset, 1 patch/decode"
-    lines = []
-    for where in dict.fromkeys(key.split(": ", 1)[0] for key in runs):
-        for k in ks:
-            ours_k = f"{where}: in place (PNG files), k={k}"
-            if (r := paired(runs, ours_k, f"{where}: PNG shards, k={k}")) is not None:
-                lines.append(f"- {where}, k={k}: in place / PNG shards {r}")
-            if (r := paired(runs, ours_k, f"{where}: {lit}")) is not None:
-                lines.append(f"- {where}, k={k}: in place / LitData raw {r}")
-    return lines
 
 
 def s3_arms(server: S3Server, work: Path, src: Path, png: str, ks: Sequence[int]) -> tuple[list[Arm], list[str]]:
