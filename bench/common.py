@@ -51,39 +51,44 @@ def real_photos() -> list[np.ndarray]:
     return [np.ascontiguousarray(p[..., :3]) for p in pics if min(p.shape[:2]) >= TILE]
 
 
-def mosaic_4k(pics: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
-    """One 3840 x 2160 frame of 480 px crops of ``pics`` (some mirrored)."""
-    out = np.empty((H, W, 3), np.uint8)
-    for y in range(0, H, TILE):
-        for x in range(0, W, TILE):
+def mosaic_4k(pics: list[np.ndarray], rng: np.random.Generator, size: tuple[int, int] = (W, H)) -> np.ndarray:
+    """One 3840 x 2160 frame (or ``size`` = (w, h)) of 480 px crops of ``pics`` (some mirrored)."""
+    w, h = size
+    out = np.empty((h, w, 3), np.uint8)
+    for y in range(0, h, TILE):
+        for x in range(0, w, TILE):
             p = pics[rng.integers(len(pics))]
             oy, ox = rng.integers(p.shape[0] - TILE + 1), rng.integers(p.shape[1] - TILE + 1)
             tile = p[oy : oy + TILE, ox : ox + TILE]
             if rng.integers(2):
                 tile = tile[:, ::-1]
-            out[y : y + TILE, x : x + TILE] = tile[: min(TILE, H - y), : min(TILE, W - x)]
+            out[y : y + TILE, x : x + TILE] = tile[: min(TILE, h - y), : min(TILE, w - x)]
     return out
 
 
-def source_frames(work: Path, frames: int) -> Path:
-    """``work/src4k_stream``: ``frames`` 4K PNG frames (seed 1), made if missing."""
-    src = work / "src4k_stream"
+def _tag(size: tuple[int, int]) -> str:
+    return "" if size == (W, H) else f"-{size[0]}x{size[1]}"
+
+
+def source_frames(work: Path, frames: int, size: tuple[int, int] = (W, H)) -> Path:
+    """``work/src4k_stream``: ``frames`` 4K PNG frames (seed 1), made if missing; other sizes beside it."""
+    src = work / f"src4k_stream{_tag(size)}"
     if not src.exists() or len(list(src.glob("*.png"))) != frames:
         src.mkdir(parents=True, exist_ok=True)
         rng = np.random.default_rng(1)
         pics = real_photos()
         for i in range(frames):
-            Image.fromarray(mosaic_4k(pics, rng)).save(src / f"f{i:03d}.png", compress_level=1)
+            Image.fromarray(mosaic_4k(pics, rng, size)).save(src / f"f{i:03d}.png", compress_level=1)
     return src
 
 
-def shards(work: Path, frames: int) -> dict[str, str]:
-    """The stream bench's shards, x4, PNG and QOI: {codec: url}, built if missing."""
-    src = source_frames(work, frames)
+def shards(work: Path, frames: int, size: tuple[int, int] = (W, H)) -> dict[str, str]:
+    """The stream bench's shards, x4, PNG and QOI: {codec: url}, built if missing (frames of ``size``)."""
+    src = source_frames(work, frames, size)
     out = {}
     for codec in (Codec.PNG, Codec.QOI):
-        url = str(work / f"stream-{codec.value}")
-        done = work / f"stream-{codec.value}" / "manifest.json"
+        url = str(work / f"stream-{codec.value}{_tag(size)}")
+        done = Path(url) / "manifest.json"
         if not (done.exists() and json.loads(done.read_text()).get("samples") == frames):
             build(
                 BuildConfig(

@@ -10,6 +10,8 @@ each exchange starts and ends, and a fault can be aimed at the next GET response
   ``wait_held(k)`` returns once ``k`` holds have fired;
 - ``fail_503(times)``: the next GET requests are answered ``503 SlowDown`` without reaching the server;
 - ``refuse()``: drop every open connection and refuse new ones (a dead server).
+- ``first_byte_s``: every GET response is held this long before its head is forwarded: a distant
+  store's first-byte latency, for benches (``bench.inplace``); tests leave it 0.
 
 What tests read, so that they compare the client's retries with what really went wrong instead
 of assuming a server that never falters:
@@ -28,6 +30,7 @@ import dataclasses
 import socket
 import struct
 import threading
+import time
 from collections import Counter, deque
 
 _SLOWDOWN = (
@@ -71,6 +74,7 @@ class FaultProxy:
         self._generation = 0  # release() moves it on: holds that fired before let go
         self._refusing = False
         self._closed = False
+        self.first_byte_s = 0.0  # latency model for benches (tests leave it 0)
         self._conns: set[socket.socket] = set()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -327,6 +331,8 @@ class _Conn:
                 ex.status = status
                 if status >= 500:
                     self.proxy._server_error()
+                if self.proxy.first_byte_s and ex.method == b"GET":
+                    time.sleep(self.proxy.first_byte_s)
                 send = self._sender(ex)
                 if not send(head, head=True):
                     return
