@@ -78,18 +78,32 @@ def _member(side: str, url: str) -> str:
     return f"{side}.{ext}"
 
 
+def _names(pairs: list[Pair]) -> dict[int | None, str]:
+    """Each side's member (HR under None, LR under its scale): ``hr.png`` when all its files are PNG,
+    ``hr.img`` when the side mixes formats (each file read as the format it is, :data:`mf.MIXED`)."""
+    sides: dict[int | None, set[str]] = {None: set()}
+    for p in pairs:
+        sides[None].add(_member("hr", p.hr))
+        for s, u, _ in p.lr:
+            sides.setdefault(s, set()).add(_member(f"lr_x{s}", u))
+    names = {}
+    for side, found in sides.items():
+        one = sorted(found)[0]
+        names[side] = one if len(found) == 1 else f"{one.split('.')[0]}.{mf.MIXED}"
+        if mf.codec_of(one) not in mf.MEMBER_CODECS:  # the scan's reads refuse these first: kept as a guard
+            raise FileIndexError(f"{pairs[0].hr}: .{mf.codec_of(one)} files are not streamed in place; build shards of them")
+    return names
+
+
 def _root_of(url: str, rel: str) -> str:
     return url[: len(url) - len(rel)].rstrip("/") if url.endswith(rel) else posixpath.dirname(url)
 
 
-def _sample(p: Pair, names: dict[int | None, str], cfg: FileIndexConfig, read: FileReads) -> dict[int | None, FileEntry]:
+def _sample(p: Pair, cfg: FileIndexConfig, read: FileReads) -> dict[int | None, FileEntry]:
     """Every file of pair ``p`` as the scan read it (HR under key None, LR under its scale), the pair's
     headers checked."""
     out: dict[int | None, FileEntry] = {}
     for side, url in [(None, p.hr), *((s, u) for s, u, _ in p.lr)]:
-        want = names[side]
-        if _member(want.split(".")[0], url) != want:
-            raise InputError(url, f"a {want.rsplit('.', 1)[-1]} file is wanted: one index holds one format per side")
         out[side] = read.entries[url]
     hr = out[None].header
     for s, u, _ in p.lr:
@@ -131,11 +145,7 @@ def _manifest(hr_src: str, cfg: FileIndexConfig, skips: mf.Skips) -> mf.Manifest
             [hr_src], cfg.lr, cfg.mod_crop, cfg.on_error, cfg.storage_options, cfg.lr_pattern, sizer=read
         )
     pairs = order_samples(pairs, cfg.seed, None)
-    names: dict[int | None, str] = {None: _member("hr", pairs[0].hr)}
-    names.update({s: _member(f"lr_x{s}", u) for s, u, _ in pairs[0].lr})
-    for n in names.values():
-        if mf.codec_of(n) not in mf.MEMBER_CODECS:
-            raise FileIndexError(f"{pairs[0].hr}: .{mf.codec_of(n)} files are not streamed in place; build shards of them")
+    names = _names(pairs)
     roots = FileRoots(
         _root_of(pairs[0].hr, pairs[0].hr_rel),
         {s: _root_of(u, rel) for s, u, rel in pairs[0].lr},
@@ -150,7 +160,7 @@ def _manifest(hr_src: str, cfg: FileIndexConfig, skips: mf.Skips) -> mf.Manifest
     entries: list[dict[int | None, FileEntry] | InputError] = []
     for p in pairs:
         try:
-            entries.append(_sample(p, names, cfg, read))
+            entries.append(_sample(p, cfg, read))
         except InputError as exc:
             entries.append(exc)
     good, kind = _keep(pairs, entries, cfg, skips)

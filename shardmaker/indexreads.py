@@ -72,7 +72,7 @@ def read_entry(fs: Any, path: str, max_pixels: int, digest: bool, stamp: str = "
 
 def _read_entry(fs: Any, path: str, max_pixels: int, digest: bool, stamp: str) -> FileEntry:
     member = "hr" + posixpath.splitext(path)[1].lower()
-    if mf.codec_of(member) not in mf.MEMBER_CODECS:
+    if mf.codec_of(member) not in mf.MEMBER_CODECS or mf.codec_of(member) == mf.MIXED:
         raise InputError(path, f".{mf.codec_of(member)} files are not streamed in place; build shards of them")
     if storage.is_local(fs):
         with storage.open_regular(path) as f:

@@ -158,7 +158,9 @@ def cat(url: str, key: str, out_dir: str | Path, storage_options: dict[str, Any]
     path = mf.shard_path(root, sh.name)
     if sh.files is not None:
         try:
-            members = {name: read_file(m, sh, i, name, storage_options) for name in sh.files}
+            members = {
+                _file_member(name, sh.files[name].paths[i]): read_file(m, sh, i, name, storage_options) for name in sh.files
+            }
         except InputError as exc:
             raise PeekError(f"{sh.name} key {key!r}: {exc}") from None
     elif sh.members is not None:
@@ -180,6 +182,14 @@ def cat(url: str, key: str, out_dir: str | Path, storage_options: dict[str, Any]
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
     return SampleFiles(sh.name, files, assembled)
+
+
+def _file_member(name: str, path: str) -> str:
+    """A member of an index of files, named by its file's extension where its side mixes formats
+    (``hr.img`` -> ``hr.jpg``)."""
+    if not name.endswith("." + mf.MIXED):
+        return name
+    return f"{name.rsplit('.', 1)[0]}.{path.rsplit('.', 1)[-1].lower()}"
 
 
 def _assemble(data: bytes, shard: str, key: str, name: str) -> tuple[bytes, str]:

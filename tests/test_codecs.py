@@ -104,6 +104,9 @@ def test_corrupt_members_are_clear_errors():
         codecs.decode(good[:20], "qoi")
     with pytest.raises(ImageDataError, match="unknown member extension"):
         codecs.decode(good, "pickle")
+    assert codecs.decode(good, "hr.img").shape == (32, 32, 3)  # a side that mixes formats: read as what its bytes are
+    with pytest.raises(ImageDataError, match="not a PNG, JPEG, WebP or QOI file"):
+        codecs.decode(b"\x80\x04pickled" + good, "hr.img")
 
 
 @functools.cache

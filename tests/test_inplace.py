@@ -19,7 +19,7 @@ from shardmaker.cli import main as sm_main
 from shardmaker.format import load as mf_load
 from shardmaker.indexfiles import FileIndexConfig, index_files
 from tests.faultproxy import FaultProxy
-from tests.helpers import S3_BUCKET, build_shards, save, shard_hashes, sm
+from tests.helpers import S3_BUCKET, build_shards, photos, save, shard_hashes, sm
 from wdsr.errors import SampleError
 from wdsr.tools.cli import main as wdsr_main
 
@@ -256,7 +256,7 @@ def test_no_digest_checks_sizes_and_mtimes_and_a_crafted_path_cannot_leave_its_r
     rc, out, _ = sm(capsys, "index", src, "--hr-only", "--no-digest", "-o", tmp_path / "idx")
     assert rc == 0 and "sizes and ETag/mtime (--no-digest)" in out
     m = json.loads((tmp_path / "idx/manifest.json").read_text())
-    assert (m["files"]["digest"], m["files"]["version"]) == ("stamp", 2)
+    assert (m["files"]["digest"], m["files"]["version"]) == ("stamp", 3)
     want = _batches(tmp_path / "idx", lr="bicubic")
     assert want
     old = bytearray((src / "p01.png").read_bytes())
@@ -275,11 +275,13 @@ def test_no_digest_checks_sizes_and_mtimes_and_a_crafted_path_cannot_leave_its_r
     (src / "p01.png").write_bytes(bytes(old))
     os.utime(src / "p01.png", ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert _same(_batches(tmp_path / "idx", lr="bicubic"), want)
+    (tmp_path / "idx/manifest.json").write_text(json.dumps({**m, "files": {**m["files"], "version": 2}}))  # before mixed sides
+    (tmp_path / "idx/manifest.json.idx").unlink()
+    assert _same(_batches(tmp_path / "idx", lr="bicubic"), want)
     v1 = {**m, "files": {**m["files"], "version": 1, "digest": "none"}}  # written before stamps: sizes alone
     for c in v1["shards"][0]["files"].values():
         c["xxh3_64"] = ["0" * 16] * len(c["xxh3_64"])
     (tmp_path / "idx/manifest.json").write_text(json.dumps(v1))
-    (tmp_path / "idx/manifest.json.idx").unlink()
     os.utime(src / "p01.png", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     assert _same(_batches(tmp_path / "idx", lr="bicubic"), want)
     m["shards"][0]["files"]["hr.png"]["paths"][0] = "../src/p00.png"
@@ -434,3 +436,33 @@ def test_elastic_resume_from_world_2_to_world_3_hands_out_every_patch_once(tmp_p
     assert max((consumed + resumed).values()) == 1 and set(consumed + resumed) <= set(every)  # nothing twice, nothing made up
     missing = set(every) - set(consumed + resumed)
     assert len(missing) == reports[0]["dropped"] and reports[0]["patches"] == len(every) - len(consumed)
+
+
+def test_a_folder_mixing_png_jpeg_and_webp_streams_each_file_as_its_format(tmp_path, capsys):
+    pics = photos()
+    src, lr = tmp_path / "src", tmp_path / "lr"
+    for name, i in (("a.png", 0), ("b.jpg", 1), ("c.webp", 2)):
+        save(src / name, np.ascontiguousarray(pics[i][:96, :112]), **({"quality": 90} if name != "a.png" else {}))
+    for name, i in (("ax2.png", 0), ("bx2.jpg", 1)):  # provided LR, mixed too (c has none: HR-only case alone)
+        save(lr / name, np.ascontiguousarray(pics[i][:96:2, :112:2]))
+    assert sm_quiet("index", src, "--hr-only", "-o", tmp_path / "idx") == 0
+    m = json.loads((tmp_path / "idx/manifest.json").read_text())
+    assert m["members"]["hr"] == "hr.img" and m["files"]["version"] == 3
+    build_shards(src, tmp_path / "shards", "--hr-only")
+    got = _batches(tmp_path / "idx", lr="bicubic")
+    assert _same(got, _batches(tmp_path / "shards", lr="bicubic"))
+    assert {k for _, _, ks in got for k in ks} == {"a", "b", "c"}
+    assert sm_quiet("build", "--from", tmp_path / "idx", tmp_path / "from", "--workers", "1", "--scale", "4") == 0
+    build_shards(src, tmp_path / "folder", "--scale", "4")
+    assert shard_hashes(tmp_path / "from") == shard_hashes(tmp_path / "folder") != {}
+    (src / "c.webp").unlink()
+    assert sm_quiet("index", src, "--lr", lr, "-o", tmp_path / "pidx") == 0
+    build_shards(src, tmp_path / "pshards", "--lr", str(lr))
+    assert _same(_batches(tmp_path / "pidx", scale=2, patch_size=16), _batches(tmp_path / "pshards", scale=2, patch_size=16))
+    rc, out, err = sm(capsys, "verify", tmp_path / "pidx", "--deep")
+    assert rc == 0 and "OK (deep)" in out, err
+    rc, out, _ = sm(capsys, "info", tmp_path / "pidx")
+    assert rc == 0 and "hr.img" in out
+    assert sm_quiet("cat", tmp_path / "pidx", "b", "-o", tmp_path / "cat") == 0
+    assert (tmp_path / "cat/b.hr.jpg").read_bytes() == (src / "b.jpg").read_bytes()
+    assert (tmp_path / "cat/b.lr_x2.jpg").read_bytes() == (lr / "bx2.jpg").read_bytes()

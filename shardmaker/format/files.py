@@ -19,8 +19,10 @@ import xxhash
 
 from shardmaker.format.schema import BLOCK, XXH3, ManifestError, int_field, key_problem, list_field, str_field
 
-FILES_VERSION = 2  # 2: digest "stamp" (1, still read: "xxh3_64" or "none")
-FILES_VERSIONS = (1, 2)
+# 3: a side may mix formats (member hr.img: each file of the format its path's extension names);
+# 2: digest "stamp"; 1: "xxh3_64" or "none" (both still read)
+FILES_VERSION = 3
+FILES_VERSIONS = (1, 2, 3)
 # xxh3_64: each file's digest; stamp (--no-digest): the xxh3_64 column holds that of each file's stamp, its
 # mtime_ns (local) or ETag (remote) as indexed (stamp_digest); none (version 1): sizes alone
 DIGESTS = ("xxh3_64", "stamp", "none")

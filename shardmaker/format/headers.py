@@ -13,7 +13,7 @@ import struct
 from shardmaker.format.frames import PNG_SIGNATURE as PNG_SIGNATURE
 from shardmaker.format.frames import HeaderError as HeaderError
 from shardmaker.format.frames import jpeg_frame, png_frame, webp_frame
-from shardmaker.format.schema import pair_fits
+from shardmaker.format.schema import MIXED, pair_fits
 
 QOI_MAGIC = b"qoif"
 DEFAULT_MAX_PIXELS = 1 << 28  # 268 M pixels: 16384 x 16384
@@ -24,7 +24,7 @@ HEAD_BYTES = 1 << 20  # a member's first bytes that hold its header (a JPEG's fr
 # metadata (EXIF, ICC, text chunks). Anything larger is not an image of that size, and is never read whole.
 MEMBER_FACTOR = 2
 MEMBER_SLACK = 16 << 20
-_WIDEST = {"png": 6, "qoi": 5, "jpg": 3, "jpeg": 3, "webp": 4}  # bytes per pixel at the codec's widest
+_WIDEST = {"png": 6, "qoi": 5, "jpg": 3, "jpeg": 3, "webp": 4, MIXED: 6}  # bytes per pixel at the codec's widest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,9 +85,23 @@ def webp_header(data: bytes | memoryview) -> ImageHeader:
 _HEADERS = {"png": png_header, "qoi": qoi_header, "jpg": jpeg_header, "jpeg": jpeg_header, "webp": webp_header}
 
 
+def sniff(data: bytes | memoryview) -> str:
+    """The codec a member's first bytes declare (``png``, ``jpg``, ``webp``, ``qoi``): how a member
+    of a side that mixes formats (``hr.img``) is read; ``img`` (no decoder) when none."""
+    head = bytes(data[:12])
+    if head.startswith(PNG_SIGNATURE):
+        return "png"
+    if head.startswith(b"\xff\xd8\xff"):
+        return "jpg"
+    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
+        return "webp"
+    return "qoi" if head.startswith(QOI_MAGIC) else MIXED
+
+
 def image_header(data: bytes | memoryview, ext: str) -> ImageHeader:
     """The header of a member by its codec or name (``png``, ``x4.jpg``), checked before any decode."""
-    parse = _HEADERS.get(ext.rsplit(".", 1)[-1].lower())
+    ext = ext.rsplit(".", 1)[-1].lower()
+    parse = _HEADERS.get(sniff(data) if ext == MIXED else ext)
     if parse is None:
         raise HeaderError(f"no decoder for .{ext} members")
     return parse(data)

@@ -57,7 +57,10 @@ INDEX_KEY = re.compile(r"{s}(/{s}){{0,31}}".format(s=_SEGMENT % ""))
 MAX_KEY_SEGMENTS = 32
 MAX_SEGMENT_CHARS = 255
 MEMBER_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}(\.[A-Za-z0-9_-]{1,32}){0,3}")
-MEMBER_CODECS = ("png", "qoi", "jpg", "jpeg", "webp")
+# "img": a side of an index of files that mixes formats (hr.img): each file is decoded by the format
+# its bytes declare (headers.sniff), which the index checked against the file's extension
+MIXED = "img"
+MEMBER_CODECS = ("png", "qoi", "jpg", "jpeg", "webp", MIXED)
 XXH3 = re.compile(r"[0-9a-f]{16}")
 
 

@@ -15,7 +15,7 @@ import qoi
 from PIL import Image
 
 from shardmaker.errors import ImageDataError
-from shardmaker.format.headers import DEFAULT_MAX_PIXELS, HeaderError, ImageHeader, image_header
+from shardmaker.format.headers import DEFAULT_MAX_PIXELS, HeaderError, ImageHeader, image_header, sniff
 from shardmaker.imaging import png
 from shardmaker.imaging.png import SIGNATURE as PNG_SIGNATURE
 from shardmaker.imaging.png import header as png_header
@@ -159,12 +159,13 @@ def _decode_jpeg(data: bytes) -> np.ndarray:
 # the decoder of a member, by the last part of its extension ("x4.jpg" -> "jpg"); anything else is
 # refused: a member is never unpickled or loaded as code, whatever its name says
 _MEMBER_DECODERS = {"jpg": _decode_jpeg, "jpeg": _decode_jpeg, "webp": _decode_pillow}
-MEMBER_EXTENSIONS = ("png", "qoi", "jpg", "jpeg", "webp")
+MEMBER_EXTENSIONS = ("png", "qoi", "jpg", "jpeg", "webp", "img")
 
 
 def decode(data: bytes | memoryview, ext: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """Decode a shard member by its extension: ``png`` (8/16-bit), ``qoi`` (straight from a view),
-    ``jpg``/``jpeg`` (libjpeg-turbo, else Pillow), ``webp``; ``x4.jpg`` counts as ``jpg``.
+    ``jpg``/``jpeg`` (libjpeg-turbo, else Pillow), ``webp``; ``x4.jpg`` counts as ``jpg``; ``img`` (a
+    side of an index that mixes formats) is decoded as the format its bytes declare.
 
     The header is read and checked first (grey or RGB, 8 or 16 bits, at most ``max_pixels``), so a
     member that would decode large is refused before any pixel is decoded; the pixels must then be
@@ -172,6 +173,10 @@ def decode(data: bytes | memoryview, ext: str, max_pixels: int = DEFAULT_MAX_PIX
     ext = ext.rsplit(".", 1)[-1].lower()
     if ext not in MEMBER_EXTENSIONS:
         raise ImageDataError(f"unknown member extension {ext!r} (decoders: {', '.join(MEMBER_EXTENSIONS)})")
+    if ext == "img":
+        ext = sniff(data)
+        if ext == "img":
+            raise ImageDataError("not a PNG, JPEG, WebP or QOI file (its first bytes)")
     try:
         head = image_header(data, ext)
     except HeaderError as exc:
