@@ -448,6 +448,12 @@ def test_a_folder_mixing_png_jpeg_and_webp_streams_each_file_as_its_format(tmp_p
     assert sm_quiet("index", src, "--hr-only", "-o", tmp_path / "idx") == 0
     m = json.loads((tmp_path / "idx/manifest.json").read_text())
     assert m["members"]["hr"] == "hr.img" and m["files"]["version"] == 3
+    (tmp_path / "v2").mkdir()  # an older version cannot name a mixed side
+    (tmp_path / "v2/manifest.json").write_text(json.dumps({**m, "files": {**m["files"], "version": 2}}))
+    with pytest.raises(
+        ValueError, match=r"members: 'hr.img': a side of mixed formats is only in an index of files \(version 3\)"
+    ):
+        wdsr.SRDataset(str(tmp_path / "v2"), **{**KW, "lr": "bicubic"})
     build_shards(src, tmp_path / "shards", "--hr-only")
     got = _batches(tmp_path / "idx", lr="bicubic")
     assert _same(got, _batches(tmp_path / "shards", lr="bicubic"))

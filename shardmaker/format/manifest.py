@@ -396,6 +396,9 @@ def top_fields(d: Any, where: str) -> dict[str, Any]:
     if files is not None and "members" not in d:
         raise ManifestError(where, "members", "an index of files names its members")
     members = MemberNames.from_json(d["members"], where, hr_only=files is not None) if "members" in d else None
+    mixed = [n for n in members.names() if codec_of(n) == MIXED] if members is not None else []
+    if mixed and (files is None or files.version < 3):
+        raise ManifestError(where, "members", f"{mixed[0]!r}: a side of mixed formats is only in an index of files (version 3)")
     codec = str_field(d["codec"], where, "codec")
     if members is not None and codec != codec_of(members.hr):
         raise ManifestError(where, "codec", f"must be the HR member's extension, {codec_of(members.hr)!r}")
