@@ -362,7 +362,8 @@ def _peek_parsers(sub: Any) -> None:
         help="write one sample's members as files into DIR",
         description="Write the members of sample KEY as files into DIR ({key}.json, {key}.hr.png, "
         "{key}.lr_x4.png, ...; a clip's frames as {key}.hr_f0000.png, {key}.lr_x4_f0000.png, ...; a tiled "
-        "member as one PNG assembled from its tiles; an index's members under their names); '/' in the key becomes folders. "
+        "member as one PNG assembled from its tiles; an index's members under their names, an index of files' "
+        "with each file's extension); '/' in the key becomes folders. "
         "One range read of the shard; the bytes are checked against the manifest and the sample's hashes.",
     )
     c.add_argument("url", metavar="URL", help="the dataset folder, or its manifest's URL when it has another name")
