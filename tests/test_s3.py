@@ -430,6 +430,40 @@ def test_two_ranks_two_workers_stream_from_s3(s3, s3_photo_shards, proxy, tmp_pa
     assert proxy.faults == 0 and unexplained_retries(sum(r["stats"]["retries"] for r in reports), proxy) == 0
 
 
+# A worker's child script: the worker opens its own S3 filesystem (fsspec drops the parent's from its
+# cache, so the parent's becomes garbage there) and then the cyclic collector runs on the worker's
+# event-loop thread. Where and when the collector runs is chance in a real run; here it is made certain.
+_WORKER_COLLECTS = """
+import gc, os, sys
+import fsspec, fsspec.asyn
+import wdsr
+
+async def collect():
+    gc.collect()
+
+def open_then_collect():
+    gc.disable()
+    fs = fsspec.filesystem("s3")
+    fsspec.asyn.sync(fs.loop, collect)
+    gc.enable()
+
+ds = wdsr.SRDataset(sys.argv[1], scale=4, patch_size=48, patches_per_image=2, batch_size=2, seed=5)
+os.register_at_fork(after_in_child=open_then_collect)
+print(sum(1 for _ in wdsr.make_loader(ds, num_workers=2)))
+"""
+
+
+def test_workers_never_close_the_parents_s3_session(s3, s3_photo_shards):
+    """A forked worker inherits the parent's s3fs filesystem (the manifest was read through it), whose
+    finalizer closes its aiohttp session on the parent's event loop. Run in a worker, it logged "Task
+    exception was never retrieved ... attached to a different loop" (or waited a second for a loop that
+    has no thread there): the worker keeps the parent's filesystems and never closes them."""
+    r = subprocess.run([sys.executable, "-c", _WORKER_COLLECTS, s3_photo_shards], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and int(r.stdout) > 0, r.stderr[-3000:]
+    noise = [w for w in ("never retrieved", "different loop", "Traceback") if w in r.stderr]
+    assert not noise, r.stderr[-3000:]
+
+
 def test_a_failed_build_leaves_no_torn_shard_and_no_open_upload(s3, tmp_path):
     """A corrupt source mid-shard: the multipart upload is aborted, never completed."""
     from shardmaker.builder import BuildConfig, build

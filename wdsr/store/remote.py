@@ -31,6 +31,7 @@ import fsspec
 from shardmaker import storage
 from shardmaker.exitcodes import Unavailable
 from wdsr.bounds import bounded, check_bounds
+from wdsr.store import forks
 
 log = logging.getLogger("wdsr")
 
@@ -257,8 +258,9 @@ _URL_TTL_S = 3600
 _urls: dict[tuple[Any, str], tuple[str, float]] = {}
 _NO_PRESIGN: set[Any] = set()  # filesystems whose presigned GETs were refused but signed ones were not
 _local = threading.local()
-# a forked DataLoader worker must not share its parent's sockets
+# a forked DataLoader worker must not share its parent's sockets, nor close its parent's sessions
 os.register_at_fork(after_in_child=lambda: setattr(_local, "pool", {}))
+os.register_at_fork(after_in_child=forks.keep_inherited)
 
 
 def _presigned(fs: Any, path: str) -> str | None:
