@@ -27,6 +27,7 @@ from litdata import StreamingRawDataset
 from litdata.raw.indexer import FileMetadata
 from torch.utils.data import DataLoader, RandomSampler
 
+from bench.basicsr_crop import paired_crop
 from wdsr.pipeline.worker import tune_malloc
 from wdsr.tools.bench import BenchResult
 
@@ -49,22 +50,7 @@ class PairedRaw(StreamingRawDataset):
 def paired_patch(data: list[bytes]) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode HR and LR (cv2, as BasicSR does), cut one aligned random patch, flip, CHW uint8 RGB."""
     gt, lq = (cv2.imdecode(np.frombuffer(b, np.uint8), cv2.IMREAD_COLOR) for b in data)
-    p = PATCH // SCALE
-    top, left = np.random.randint(0, lq.shape[0] - p + 1), np.random.randint(0, lq.shape[1] - p + 1)
-    lq = lq[top : top + p, left : left + p]
-    gt = gt[top * SCALE : (top + p) * SCALE, left * SCALE : (left + p) * SCALE]
-    hflip, vflip, rot = np.random.random() < 0.5, np.random.random() < 0.5, np.random.random() < 0.5
-    out = []
-    for img in (lq, gt):
-        if hflip:
-            img = cv2.flip(img, 1)
-        if vflip:
-            img = cv2.flip(img, 0)
-        if rot:
-            img = img.transpose(1, 0, 2)
-        img = cv2.cvtColor(np.ascontiguousarray(img), cv2.COLOR_BGR2RGB)
-        out.append(torch.from_numpy(img.transpose(2, 0, 1).copy()))
-    return out[0], out[1]
+    return paired_crop(gt, lq)
 
 
 def _tuned(_worker_id: int) -> None:

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 import webdataset as wds
 
+from bench.basicsr_crop import paired_crop
 from bench.common import COLUMNS, machine_line, md_table, parser, report, shards, warm_page_cache
 from shardmaker import format as fmt
 from wdsr.loader import tune_malloc
@@ -133,23 +134,8 @@ class PairedLmdb(torch.utils.data.Dataset):
                 img = cv2.imdecode(np.frombuffer(txn.get(key), np.uint8), cv2.IMREAD_COLOR)
             imgs.append(img.astype(np.float32) / 255.0 if self.float32 else img)
         gt, lq = imgs
-        p = PATCH // SCALE
-        top, left = np.random.randint(0, lq.shape[0] - p + 1), np.random.randint(0, lq.shape[1] - p + 1)
-        lq = lq[top : top + p, left : left + p]
-        gt = gt[top * SCALE : (top + p) * SCALE, left * SCALE : (left + p) * SCALE]
-        hflip, vflip, rot = np.random.random() < 0.5, np.random.random() < 0.5, np.random.random() < 0.5
-        out = []
-        for img in (lq, gt):
-            if hflip:
-                img = cv2.flip(img, 1)
-            if vflip:
-                img = cv2.flip(img, 0)
-            if rot:
-                img = img.transpose(1, 0, 2)
-            img = cv2.cvtColor(np.ascontiguousarray(img), cv2.COLOR_BGR2RGB)
-            t = torch.from_numpy(img.transpose(2, 0, 1).copy())
-            out.append(t.float() if self.float32 else t)
-        return out[0], out[1]
+        lq_t, gt_t = paired_crop(gt, lq)
+        return (lq_t.float(), gt_t.float()) if self.float32 else (lq_t, gt_t)
 
 
 def bench_loader(name: str, loader_fn, seconds: float, warm_batches: int = 8) -> BenchResult:
