@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,6 +36,18 @@ def _same(a: list, b: list) -> bool:
     return len(a) == len(b) > 0 and all(
         torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2] for x, y in zip(a, b, strict=True)
     )
+
+
+def _to_s3(files: list[Path], prefix: str, folder: str = "hr") -> Any:
+    """Each file put under ``s3://BUCKET/prefix/{folder}/`` (``folder=""``: under its own folder's name);
+    the S3 filesystem, fresh, is returned for the test's own changes."""
+    import fsspec
+
+    fs = fsspec.filesystem("s3")
+    fs.clear_instance_cache()
+    for f in files:
+        fs.put(str(f), f"{S3_BUCKET}/{prefix}/{folder or f.parent.name}/{f.name}")
+    return fs
 
 
 def _copy(src: Path, dst: Path, names: list[str]) -> Path:
@@ -143,13 +156,8 @@ def test_mixes_with_a_shard_dataset(photo_shards, hr_idx):
 
 
 def test_an_s3_prefix_is_indexed_and_streamed_as_the_local_folder(tmp_path, photo_src, s3):
-    import fsspec
-
     names = ["p03.png", "p04.png", "p05.png"]
-    fs = fsspec.filesystem("s3")
-    fs.clear_instance_cache()
-    for n in names:
-        fs.put(str(photo_src / n), f"{S3_BUCKET}/inplace/hr/{n}")
+    fs = _to_s3([photo_src / n for n in names], "inplace")
     local = _copy(photo_src, tmp_path / "local", names)
     assert sm_quiet("index", local, "--hr-only", "-o", tmp_path / "idx") == 0
     assert sm_quiet("index", f"s3://{S3_BUCKET}/inplace/hr/", "--hr-only", "-o", f"s3://{S3_BUCKET}/inplace/idx") == 0
@@ -335,12 +343,7 @@ def test_images_over_max_pixels_are_refused_from_their_headers(tmp_path, photo_s
 
 
 def test_the_node_cache_keeps_remote_files_whole_for_later_epochs(tmp_path, photo_src, s3):
-    import fsspec
-
-    fs = fsspec.filesystem("s3")
-    fs.clear_instance_cache()
-    for n in ("p06.png", "p07.png"):
-        fs.put(str(photo_src / n), f"{S3_BUCKET}/inplace-cache/hr/{n}")
+    fs = _to_s3([photo_src / n for n in ("p06.png", "p07.png")], "inplace-cache")
     url = f"s3://{S3_BUCKET}/inplace-cache/idx"
     assert sm_quiet("index", f"s3://{S3_BUCKET}/inplace-cache/hr", "--hr-only", "-o", url) == 0
     ds = wdsr.SRDataset(url, cache_dir=str(tmp_path / "cache"), **{**KW, "lr": "bicubic"})
@@ -357,13 +360,8 @@ def test_the_node_cache_keeps_remote_files_whole_for_later_epochs(tmp_path, phot
 
 
 def test_indexing_an_s3_prefix_reads_each_file_with_one_get(tmp_path, refdata, s3):
-    import fsspec
-
-    fs = fsspec.filesystem("s3")
-    fs.clear_instance_cache()
     hr, lr = refdata / "set5/HR", refdata / "set5/LR_bicubic/X4"
-    for p in [*hr.glob("*.png"), *lr.glob("*.png")]:
-        fs.put(str(p), f"{S3_BUCKET}/inplace-gets/{p.parent.name}/{p.name}")
+    _to_s3([*hr.glob("*.png"), *lr.glob("*.png")], "inplace-gets", folder="")
     proxy = FaultProxy(s3.port)
     try:
         cfg = FileIndexConfig(lr=(f"s3://{S3_BUCKET}/inplace-gets/X4",), progress=False)
@@ -380,12 +378,7 @@ def test_indexing_an_s3_prefix_reads_each_file_with_one_get(tmp_path, refdata, s
 
 
 def test_no_digest_on_s3_catches_an_object_replaced_by_one_of_the_same_size(tmp_path, photo_src, s3):
-    import fsspec
-
-    fs = fsspec.filesystem("s3")
-    fs.clear_instance_cache()
-    for n in ("p08.png", "p09.png"):
-        fs.put(str(photo_src / n), f"{S3_BUCKET}/inplace-stamp/hr/{n}")
+    fs = _to_s3([photo_src / n for n in ("p08.png", "p09.png")], "inplace-stamp")
     url = f"s3://{S3_BUCKET}/inplace-stamp/idx"
     assert sm_quiet("index", f"s3://{S3_BUCKET}/inplace-stamp/hr", "--hr-only", "--no-digest", "-o", url) == 0
     assert _batches(url, lr="bicubic")
