@@ -482,14 +482,13 @@ def _match_lr_folder(
     dir_scale: int | None = None
     dir_example = ""
     lr_stamps = _list_images(lfs, lroot, problem=out.problem, ignored=out.ignored)
-    keys = {p: _hr_key_of(posixpath.splitext(posixpath.relpath(p, lroot))[0], hr, names)[0] for p in lr_stamps}
-    want = [p for p, k in keys.items() if k is not None and k not in hr.bad]  # the LR files that may pair: sized at once
+    keys = {p: _hr_key_of(posixpath.splitext(posixpath.relpath(p, lroot))[0], hr, names) for p in lr_stamps}
+    want = [p for p, (k, _) in keys.items() if k is not None and k not in hr.bad]  # the LR files that may pair: sized at once
     lr_sizes = dict(zip(want, sizer(lfs, want, lr_stamps), strict=True))
     for lpath in lr_stamps:
         stamps[storage.url_of(lfs, lpath)] = lr_stamps[lpath]
         lrel = posixpath.relpath(lpath, lroot)
-        stem = posixpath.splitext(lrel)[0]
-        key, suffix_scale = _hr_key_of(stem, hr, names)
+        key, suffix_scale = keys[lpath]
         if key is None:
             rule = f"named by --lr-pattern {lr_pattern!r}" if lr_pattern else "same relative name, or name + 'x<scale>'"
             out.problem(lpath, f"LR image has no HR image in {hr.url} ({rule})")

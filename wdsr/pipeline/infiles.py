@@ -117,13 +117,21 @@ def _remote(roots: RootOpener, rf: remote.RemoteFile, info: ShardInfo, i: int, m
     entry = FileEntry(digest, size)
     hit = roots.cache.lookup(entry)
     if hit is None:
+        got: list[bytearray] = []  # what this process downloaded: handed on, not read back from the cache
+
+        def download(write: Any) -> None:
+            got.append(get())
+            write(got[0])
+
         try:
-            hit, downloaded = roots.cache.fill(entry, lambda write: write(bytes(get())))
+            hit, downloaded = roots.cache.fill(entry, download)
         except CacheMismatch as exc:
             raise SampleError(info.name, key, f"{rf.url}: {exc.reason} (changed since it was indexed)") from None
         if hit is None:  # larger than the whole cache
-            return get()
+            return got[0] if got else get()
         roots.count("cache_misses" if downloaded else "cache_hits")
+        if got:
+            return got[0]
     else:
         roots.count("cache_hits")
     with storage.open_regular(str(hit)) as f:

@@ -191,8 +191,7 @@ class ShardReader:
         for i, members, ns in file_span(self._roots, info, span, wanted, pool, self.options.read_ahead, self._count_retry):
             hr = (int(info.hr_sizes[i][0]), int(info.hr_sizes[i][1]))
             nbytes = sum(len(v) for v in members.values())
-            yield RawSample(info.name, info.keys[i], i, span.rep, dict(members), nbytes, ns, hr, {})
-            del members
+            yield RawSample(info.name, info.keys[i], i, span.rep, members, nbytes, ns, hr, {})
 
     def _count(self, name: str, n: int = 1) -> None:
         assert self._lock is not None

@@ -20,6 +20,7 @@ from shardmaker.errors import brief
 from shardmaker.format import Manifest
 from wdsr.pipeline.checks import Kind, Verify
 from wdsr.pipeline.read import RawSample
+from wdsr.store import urls
 
 
 class LrMode(str, enum.Enum):
@@ -116,6 +117,12 @@ class LrSource:
 def is_clip_dataset(m: Manifest) -> bool:
     """Built with ``shardmaker build --clips``: its samples are clip segments."""
     return m.members is None and isinstance(m.build.get("clips"), dict)
+
+
+def first_folder_clips(url: str) -> tuple[str, bool]:
+    """``url``'s (first) dataset folder, and whether it holds clips; its manifest's own errors raise."""
+    folder = (urls.dataset_folders(url) or [urls.resolve(url).folder])[0]
+    return folder, is_clip_dataset(fmt.load(folder, compact=True))
 
 
 def tile_reads(images: Iterable[Any]) -> dict[str, int]:

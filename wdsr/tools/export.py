@@ -18,7 +18,7 @@ from shardmaker.errors import require_extra
 from wdsr.tools.upscale import load_model, write_output
 from wdsr.train.checkpoint import RunError
 from wdsr.train.padding import bare
-from wdsr.train.zoo import PREFIX, describe
+from wdsr.train.zoo import PREFIX
 
 SUFFIXES = (".safetensors", ".pth")
 
@@ -52,6 +52,6 @@ def export(source: str, output: str, overwrite: bool = False) -> str:
     arch = m.name[len(PREFIX) :]
     net = bare(m.model)
     state = {k: v.detach().cpu().contiguous().clone() for k, v in net.state_dict().items()}
-    desc = describe(net, arch, m.source)  # what spandrel will read from these very keys
+    # load_model held these very keys to spandrel's detection (describe, or detect for a file)
     write_output(target, state_bytes(state, suffix), overwrite)
-    return f"wrote {target}: spandrel {arch} x{desc.scale} ({len(state)} tensors) from {m.source}, step {m.step}"
+    return f"wrote {target}: spandrel {arch} x{m.scale} ({len(state)} tensors) from {m.source}, step {m.step}"

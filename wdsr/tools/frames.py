@@ -41,6 +41,7 @@ class Clip:
     rate: Fraction
     files: tuple[Path, ...] = ()  # a folder's frames; empty for a video file
     max_pixels: int = fmt.DEFAULT_MAX_PIXELS
+    pts: tuple[int, ...] = ()  # a video's frame timestamps, from open_clip's one demux
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -59,9 +60,8 @@ class Clip:
             yield frame
 
     def _video(self) -> Iterator[np.ndarray]:
-        url = str(self.source)
-        _, pts = shardmaker.video_info(url, max_pixels=self.max_pixels)  # the declared size checked first
-        yield from shardmaker.video_frames(url, 0, len(pts), pts=tuple(pts), max_pixels=self.max_pixels)
+        # open_clip demuxed it once (its declared size checked); video_frames checks the stream again
+        yield from shardmaker.video_frames(str(self.source), 0, self.count, pts=self.pts, max_pixels=self.max_pixels)
 
 
 def _kind(a: np.ndarray) -> str:
@@ -83,7 +83,7 @@ def open_clip(source: Path, max_pixels: int = fmt.DEFAULT_MAX_PIXELS) -> Clip:
     if not is_video_file(source):
         raise ValueError(f"{source}: not a video file ({', '.join(shardmaker.VIDEO_EXTENSIONS)}) nor a folder of frames")
     _, pts = shardmaker.video_info(str(source), max_pixels=max_pixels)
-    return Clip(source, len(pts), _rate(source), (), max_pixels)
+    return Clip(source, len(pts), _rate(source), (), max_pixels, tuple(pts))
 
 
 def _rate(path: Path) -> Fraction:

@@ -14,7 +14,6 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from shardmaker import format as fmt
 from shardmaker import imaging
 from shardmaker.imaging import Codec
 from wdsr.config import DatasetConfig, Split
@@ -25,9 +24,8 @@ from wdsr.pipeline.batch import collate
 from wdsr.pipeline.clips import Window
 from wdsr.pipeline.degraded import as_batch, param_rows
 from wdsr.pipeline.patches import Patch, PatchConfig, cut_patches
-from wdsr.pipeline.sample import is_clip_dataset
+from wdsr.pipeline.sample import first_folder_clips
 from wdsr.pipeline.whole import DecodedPair
-from wdsr.store import urls
 
 LABEL_H = 12  # pixels of the label line above each row
 # transform t: rotate t % 4 quarter turns counter-clockwise, then mirror left-right if t >= 4
@@ -142,8 +140,7 @@ def clip_sheet(url: str, config: DatasetConfig, count: int = 4, per_clip: int = 
 
 def is_clips(url: str) -> bool:
     """Whether ``url``'s (first) dataset holds clips (``shardmaker build --clips``)."""
-    folder = (urls.dataset_folders(url) or [urls.resolve(url).folder])[0]
-    return is_clip_dataset(fmt.load(folder, compact=True))
+    return first_folder_clips(url)[1]
 
 
 def _nearest(img: np.ndarray, h: int, w: int) -> np.ndarray:

@@ -25,13 +25,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shardmaker import format as fmt
 from shardmaker.errors import brief
 from wdsr.dataset import SRDataset
 from wdsr.degrade import Degrader
 from wdsr.loader import LoaderStateError, SRLoader, make_loader, sample_meta, to_float
-from wdsr.pipeline.sample import is_clip_dataset
-from wdsr.store import urls
+from wdsr.pipeline.sample import first_folder_clips
 from wdsr.train.checkpoint import FORMAT, Diverged, RunDir, RunError
 from wdsr.train.clipvalidate import bicubic_clips, val_clip_config, validate_clips
 from wdsr.train.config import Amp, ConfigError, Schedule, TrainConfig
@@ -107,8 +105,7 @@ def _refuse_other_kind(cfg: TrainConfig) -> None:
     """When the dataset refused to open: if its (first) folder holds the other kind of data than the
     model trains on, say so in the flags' words; otherwise the dataset's own error stands."""
     try:
-        folder = (urls.dataset_folders(cfg.data) or [urls.resolve(cfg.data).folder])[0]
-        clips = is_clip_dataset(fmt.load(folder, compact=True))
+        folder, clips = first_folder_clips(cfg.data)
     except (ValueError, OSError):
         return
     if clips and cfg.dataset.clip is None:
@@ -307,8 +304,10 @@ def _build_model(
     run_model: nn.Module = net
     if ctx.world > 1:
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        # a spandrel model may hold weights its training forward leaves unused (SPAN's eval_conv)
-        run_model = nn.parallel.DistributedDataParallel(net, device_ids=ids, find_unused_parameters=bool(record))
+        # a spandrel model may hold weights its training forward leaves unused (SPAN's eval_conv): a static
+        # graph (fixed patches; validation runs the bare net) lets DDP find them at the first step only,
+        # not walk the autograd graph at every step as find_unused_parameters does
+        run_model = nn.parallel.DistributedDataParallel(net, device_ids=ids, static_graph=bool(record))
     return _Model(model, run_model, opt, sched, scaler, amp_dtype, residual, record, net)
 
 

@@ -12,6 +12,7 @@ own weights detected back as the same architecture, an SR model at the same scal
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import inspect
 import re
@@ -77,6 +78,7 @@ def _torchvision_for(version: str) -> str:
     return f"0.{int(parts[1]) + 15}.{parts[2]}" if len(parts) >= 3 and parts[0] == "2" and parts[1].isdigit() else "*"
 
 
+@functools.cache  # spandrel's registry is walked (every architecture module imported) once a process
 def _classes() -> dict[str, tuple[str, type]]:
     """Name -> (arch id, model class): each architecture by its id, and its classes by their names."""
     out: dict[str, tuple[str, type]] = {}
