@@ -329,20 +329,23 @@ def verify(url: str, deep: bool = False, progress: bool = True, storage_options:
 
 def verify_files(m: Manifest, deep: bool, progress: bool, storage_options: dict[str, Any] | None = None) -> list[str]:
     """An index of image files: each file's size and xxh3_64 against the index (``--no-digest``: size);
-    ``deep`` also checks headers, decodes and HR = s x LR."""
-    bad = check_files(m, storage_options, progress=progress)
-    problems = [f"{info.name} key {info.keys[i]!r}: {bad[info.keys[i]]}" for info, i in samples_of(m) if info.keys[i] in bad]
+    ``deep`` also checks headers, decodes and HR = s x LR (each file read once: the read that is decoded
+    is the one checked against the index)."""
     if not deep:
-        return problems
+        bad = check_files(m, storage_options, progress=progress)
+        return [f"{info.name} key {info.keys[i]!r}: {bad[info.keys[i]]}" for info, i in samples_of(m) if info.keys[i] in bad]
     assert m.members is not None
-    for info, i in samples_of(m):
-        if info.keys[i] not in bad:
-            try:
-                found = {n: read_file(m, info, i, n, storage_options) for n in m.members.names()}
-            except InputError as exc:  # changed since it was checked
-                problems.append(f"{info.name} key {info.keys[i]!r}: {exc}")
-                continue
-            problems += [f"{info.name} key {info.keys[i]!r}: {p}" for p in _check_indexed_pair(m, found, info.hr_sizes[i])]
+    problems: list[str] = []
+    for info, i in tqdm(list(samples_of(m)), unit="img", desc="verify", disable=not progress):
+        try:
+            found = {n: read_file(m, info, i, n, storage_options) for n in m.members.names()}
+        except InputError as exc:  # missing, changed since it was indexed, not a regular file
+            problems.append(f"{info.name} key {info.keys[i]!r}: {exc}")
+            continue
+        except OSError as exc:
+            problems.append(f"{info.name} key {info.keys[i]!r}: cannot be read ({exc.strerror or type(exc).__name__})")
+            continue
+        problems += [f"{info.name} key {info.keys[i]!r}: {p}" for p in _check_indexed_pair(m, found, info.hr_sizes[i])]
     return problems
 
 

@@ -17,12 +17,11 @@ from shardmaker import storage
 from shardmaker.builder.sources import Pair
 from shardmaker.errors import InputError, ShardmakerError
 from shardmaker.format import load, locate
-from shardmaker.format.files import stamp_digest
+from shardmaker.format.files import MISSING
 from shardmaker.format.manifest import Manifest, ShardInfo
 
 log = logging.getLogger("shardmaker")
 _CHUNK = 8 << 20
-_STAMP_DIFFERS = "its ETag/mtime differs from the index's (changed since it was indexed)"
 
 
 class NotAFileIndex(ShardmakerError, ValueError):
@@ -75,28 +74,25 @@ def file_problem(m: Manifest, info: ShardInfo, i: int, member: str, storage_opti
     assert info.files is not None and m.files is not None
     c = info.files[member]
     url = file_url(m, member, c.paths[i])
+    want = (int(c.bytes[i]), int(c.xxh3_64[i]))
     fs, path = storage.open_dir(url, storage_options)
     try:
         with storage.open_input(fs, path) as f:
-            size = storage.size_of(fs, path)
-            if size != int(c.bytes[i]):
-                return f"{url}: {size} bytes, the index says {int(c.bytes[i])} (changed since it was indexed)"
-            if m.files.stamped and stamp_digest(storage.file_stamp(fs, path, f if storage.is_local(fs) else None)) != int(
-                c.xxh3_64[i]
-            ):
-                return f"{url}: {_STAMP_DIFFERS}"
+            stamp = storage.file_stamp(fs, path, f if storage.is_local(fs) else None) if m.files.stamped else None
+            why = m.files.mismatch(want, storage.size_of(fs, path), stamp=stamp)  # before reading it all
+            if why is not None:
+                return f"{url}: {why}"
             h = xxhash.xxh3_64()
             while m.files.digested and (chunk := f.read(_CHUNK)):
                 h.update(chunk)
     except FileNotFoundError:
-        return f"{url}: missing (removed since it was indexed)"
+        return f"{url}: {MISSING}"
     except InputError as exc:
         return f"{url}: {exc.reason}"
     except OSError as exc:
         return f"{url}: cannot be read ({exc.strerror or type(exc).__name__})"
-    if m.files.digested and h.intdigest() != int(c.xxh3_64[i]):
-        return f"{url}: its xxh3_64 differs from the index's (changed since it was indexed)"
-    return None
+    why = m.files.mismatch(want, want[0], h.intdigest() if m.files.digested else None)
+    return None if why is None else f"{url}: {why}"
 
 
 def check_files(
@@ -131,11 +127,10 @@ def read_file(m: Manifest, info: ShardInfo, i: int, member: str, storage_options
     try:
         data = storage.read_bytes(fs, path)
     except FileNotFoundError:
-        raise InputError(url, "missing (removed since it was indexed)") from None
-    if len(data) != int(c.bytes[i]):
-        raise InputError(url, f"{len(data)} bytes, the index says {int(c.bytes[i])} (changed since it was indexed)")
-    if m.files.digested and xxhash.xxh3_64_intdigest(data) != int(c.xxh3_64[i]):
-        raise InputError(url, "its xxh3_64 differs from the index's (changed since it was indexed)")
-    if m.files.stamped and stamp_digest(storage.file_stamp(fs, path)) != int(c.xxh3_64[i]):
-        raise InputError(url, _STAMP_DIFFERS)
+        raise InputError(url, MISSING) from None
+    xxh3 = xxhash.xxh3_64_intdigest(data) if m.files.digested else None
+    stamp = storage.file_stamp(fs, path) if m.files.stamped else None
+    why = m.files.mismatch((int(c.bytes[i]), int(c.xxh3_64[i])), len(data), xxh3, stamp)
+    if why is not None:
+        raise InputError(url, why)
     return data

@@ -31,6 +31,7 @@ Readers turn these into ``wdsr.SampleError`` (shard, key, reason); messages neve
 from shardmaker.format import tiles
 from shardmaker.format.colverify import index_problems
 from shardmaker.format.digests import DigestAlgorithm, Digests, SampleHeaderError, check_digest, check_digests
+from shardmaker.format.files import MISSING as FILE_MISSING
 from shardmaker.format.files import stamp_digest
 from shardmaker.format.header import ClipSpan, SampleHeader, parse_digests
 from shardmaker.format.headers import DEFAULT_MAX_PIXELS, HeaderError, ImageHeader, check_pair, image_header
@@ -116,6 +117,7 @@ __all__ = [
     "probe_file",
     "shard_path",
     "stamp_digest",
+    "FILE_MISSING",
     "split_name",
     "tiles",
 ]

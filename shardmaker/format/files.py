@@ -29,6 +29,10 @@ DIGESTS = ("xxh3_64", "stamp", "none")
 MAX_FILE_BYTES = 1 << 40
 
 
+CHANGED = "(changed since it was indexed)"
+MISSING = "missing (removed since it was indexed)"
+
+
 @dataclasses.dataclass(frozen=True)
 class FileRoots:
     """Where an index's files are: the HR root and one root per LR scale (URLs or absolute paths), and
@@ -54,6 +58,17 @@ class FileRoots:
     def stamped(self) -> bool:
         """The xxh3_64 column holds each file's :func:`stamp_digest` (``--no-digest``)."""
         return self.digest == "stamp"
+
+    def mismatch(self, want: tuple[int, int], size: int, xxh3: int | None = None, stamp: str | None = None) -> str | None:
+        """Why a file read is not the one indexed (None: it is): ``want`` its ``(bytes, xxh3_64 column)``;
+        its ``size``, then its ``xxh3`` (a digested index), then its ``stamp`` (mtime_ns or ETag, ``--no-digest``)."""
+        if size != want[0]:
+            return f"{size} bytes, the index says {want[0]} {CHANGED}"
+        if self.digested and xxh3 is not None and xxh3 != want[1]:
+            return f"its xxh3_64 differs from the index's {CHANGED}"
+        if self.stamped and stamp is not None and stamp_digest(stamp) != want[1]:
+            return f"its ETag/mtime differs from the index's {CHANGED}"
+        return None
 
     @property
     def checked_by(self) -> str:

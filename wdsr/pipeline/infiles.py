@@ -21,7 +21,7 @@ import xxhash
 
 from shardmaker import storage
 from shardmaker.errors import InputError
-from shardmaker.format import Manifest, ShardInfo, stamp_digest
+from shardmaker.format import FILE_MISSING, Manifest, ShardInfo
 from wdsr.errors import SampleError, SampleUnavailable
 from wdsr.pipeline.plan import Span
 from wdsr.store import remote
@@ -79,23 +79,21 @@ def read_file(
     else:
         try:
             with storage.open_regular(path) as f:
-                got = os.fstat(f.fileno()).st_size
-                if got != size:
-                    raise SampleError(info.name, key, f"{url}: {got} bytes, the index says {size} (changed since it was indexed)")
+                why = roots.files.mismatch((size, digest), os.fstat(f.fileno()).st_size)  # before the read
+                if why is not None:
+                    raise SampleError(info.name, key, f"{url}: {why}")
                 data = f.read()
                 tag = storage.file_stamp(fs, path, f) if roots.files.stamped else ""
         except FileNotFoundError:
-            raise SampleError(info.name, key, f"{url}: missing (removed since it was indexed)") from None
+            raise SampleError(info.name, key, f"{url}: {FILE_MISSING}") from None
         except InputError as exc:
             raise SampleError(info.name, key, f"{url}: {exc.reason}") from None
         except OSError as exc:
             raise SampleError(info.name, key, f"{url}: cannot be read ({exc.strerror or type(exc).__name__})") from None
-    if len(data) != size:
-        raise SampleError(info.name, key, f"{url}: {len(data)} bytes, the index says {size} (changed since it was indexed)")
-    if roots.files.digested and xxhash.xxh3_64_intdigest(data) != digest:
-        raise SampleError(info.name, key, f"{url}: its xxh3_64 differs from the index's (changed since it was indexed)")
-    if roots.files.stamped and stamp_digest(tag) != digest:
-        raise SampleError(info.name, key, f"{url}: its ETag/mtime differs from the index's (changed since it was indexed)")
+    xxh3 = xxhash.xxh3_64_intdigest(data) if roots.files.digested else None
+    why = roots.files.mismatch((size, digest), len(data), xxh3, tag)
+    if why is not None:
+        raise SampleError(info.name, key, f"{url}: {why}")
     return data
 
 
