@@ -192,7 +192,7 @@ def test_streamed_chunks_are_clipvals_layout_holding_a_chunk_at_most(length):
             yield i
 
     got = []
-    for held, lo, a, b in upscale_video.chunks(frames(), 16, 3):
+    for held, lo, a, b in upscale_video.chunks(frames(), length, 16, 3):
         assert held == list(range(lo, lo + len(held))) and len(read) <= lo + 16 + 1
         got.append((lo, lo + len(held), a, b))
     assert got == clipval.chunks(length, ClipConfig(frames=7, val_frames=16))

@@ -84,7 +84,11 @@ def chunks(length: int, cc: ClipConfig) -> list[tuple[int, int, int, int]]:
     scores ``a .. b - 1``; the scored ranges partition ``[0, length)``. The first chunk starts at frame 0,
     the last ends at the clip's end with ``val_frames`` frames where the clip has them (so padded centre
     windows, which reach ``2 * (frames // 2)`` frames in from an end, stay inside it)."""
-    v, c = cc.val_frames, context(cc)
+    return chunk_ranges(length, cc.val_frames, context(cc))
+
+
+def chunk_ranges(length: int, v: int, c: int) -> list[tuple[int, int, int, int]]:
+    """:func:`chunks` of a clip of ``length`` frames in chunks of ``v`` frames with ``c`` context frames a side."""
     out, a = [], 0
     while a < length:
         lo = max(0, a - c)

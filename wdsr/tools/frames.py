@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import secrets
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -22,7 +21,7 @@ from shardmaker import imaging, storage
 from shardmaker.errors import require_extra
 from shardmaker.imaging import Codec
 from wdsr.tools.references import IMAGE_EXTS
-from wdsr.tools.upscale import read_image, write_output
+from wdsr.tools.upscale import commit_output, part_name, read_image, write_output
 
 FRAME_NAME = "frame_{:06d}.png"  # the numbered PNG frames written into OUT
 DEFAULT_RATE = Fraction(25)  # frames per second of a video written from a folder of frames
@@ -127,7 +126,7 @@ class Ffv1Video:
         if os.path.lexists(target) and (not overwrite or target.is_dir()):
             raise ValueError(f"{target}: exists; give --overwrite to replace it")
         self.target, self.rate, self.overwrite, self.written = target, rate, overwrite, 0
-        self._tmp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.part.mkv"
+        self._tmp = part_name(target, ".mkv")
         self._c: Any = None
         self._s: Any = None
 
@@ -156,13 +155,7 @@ class Ffv1Video:
                     self._c.mux(packet)
             self._c.close()
             if kind is None:
-                if self.overwrite:
-                    os.replace(self._tmp, self.target)
-                else:
-                    try:
-                        os.link(self._tmp, self.target)  # fails if anything appeared there since it was checked
-                    except FileExistsError:
-                        raise ValueError(f"{self.target}: exists; give --overwrite to replace it") from None
+                commit_output(self._tmp, self.target, self.overwrite)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._tmp)

@@ -295,21 +295,32 @@ def plan_outputs(images: list[Path], out: Path, overwrite: bool = False) -> list
     return targets
 
 
+def part_name(target: Path, suffix: str = "") -> Path:
+    """A temporary name beside ``target``, unique to this process and call, for :func:`commit_output`."""
+    return target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.part{suffix}"
+
+
+def commit_output(tmp: Path, target: Path, overwrite: bool) -> None:
+    """The complete ``tmp`` moved onto ``target`` (a symlink there is replaced, never written through);
+    without ``overwrite``, only where nothing is, else a ValueError. The caller removes ``tmp`` after."""
+    if overwrite:
+        os.replace(tmp, target)
+        return
+    try:
+        os.link(tmp, target)  # fails if anything appeared at target since it was checked
+    except FileExistsError:
+        raise ValueError(f"{target}: exists; give --overwrite to replace it") from None
+
+
 def write_output(target: Path, data: bytes, overwrite: bool = False) -> None:
     """``data`` to a temporary name beside ``target``, then moved onto it: a reader never sees half a PNG, and a
     symlink at ``target`` is replaced, never written through. Without ``overwrite`` an existing target is an error."""
-    tmp = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.part"
+    tmp = part_name(target)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # a new file, the umask's mode, as a plain write
     try:
         with storage.naming(str(target)), os.fdopen(fd, "wb") as f:  # a full disk names the output
             f.write(data)
-        if overwrite:
-            os.replace(tmp, target)
-        else:
-            try:
-                os.link(tmp, target)  # fails if anything appeared at target since it was checked
-            except FileExistsError:
-                raise ValueError(f"{target}: exists; give --overwrite to replace it") from None
+        commit_output(tmp, target, overwrite)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

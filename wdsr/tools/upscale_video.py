@@ -22,7 +22,7 @@ import torch
 
 from wdsr.loader import to_float
 from wdsr.pipeline.clips import MAX_FRAMES
-from wdsr.pipeline.clipval import center_window
+from wdsr.pipeline.clipval import center_window, chunk_ranges
 from wdsr.tools.frames import Clip
 from wdsr.tools.upscale import Loaded, upscale_image
 from wdsr.train.checkpoint import RunError
@@ -68,31 +68,23 @@ def trained_window(m: Loaded) -> VideoWindow:
         raise RunError(f"{m.source}: {exc}") from None
 
 
-def chunks(frames: Iterator[X], size: int, context: int) -> Iterator[tuple[list[X], int, int, int]]:
-    """``(frames lo .. lo + len - 1, lo, a, b)`` per chunk, scoring frames ``a .. b - 1``: the layout of
-    ``clipval.chunks(length, ...)`` without knowing the length in advance, at most ``size + 1`` frames held."""
+def chunks(frames: Iterator[X], length: int, size: int, context: int) -> Iterator[tuple[list[X], int, int, int]]:
+    """``(frames lo .. hi - 1, lo, a, b)`` per chunk of ``clipval.chunk_ranges(length, size, context)``,
+    scoring frames ``a .. b - 1``, read from a stream of ``length`` frames with at most ``size`` held."""
     if size < 2 * context + 1:
         raise ValueError(f"chunks of {size} frames leave none of their own between {context} context frames each side")
-    held: deque[tuple[int, X]] = deque(maxlen=size + 1)
-    it = iter(frames)
-    n: int | None = None  # the clip's length, once its end was read
-    read, a = 0, 0
-    while True:
-        lo = max(0, a - context)
-        while n is None and read <= lo + size:  # is there a frame past this chunk?
+    held: deque[X] = deque()
+    first, it = 0, iter(frames)  # first: the frame held[0] is
+    for lo, hi, a, b in chunk_ranges(length, size, context):
+        while first < lo:
+            held.popleft()
+            first += 1
+        while first + len(held) < hi:
             x = next(it, None)
             if x is None:
-                n = read
-            else:
-                held.append((read, x))
-                read += 1
-        if n is not None and lo + size >= n:  # the last chunk: the clip's last `size` frames
-            if a < n:
-                lo = max(0, n - size)
-                yield [x for i, x in held if i >= lo], lo, a, n
-            return
-        yield [x for i, x in held if lo <= i < lo + size], lo, a, lo + size - context
-        a = lo + size - context
+                raise ValueError(f"the clip ended at frame {first + len(held)}, not {length}")
+            held.append(x)
+        yield list(held), lo, a, b
 
 
 def _frames_tensor(frames: Sequence[np.ndarray], channels: int) -> torch.Tensor:
@@ -124,10 +116,10 @@ def _run(m: Loaded, x: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def video_sr(m: Loaded, clip: Clip, win: VideoWindow, device: torch.device) -> Iterator[np.ndarray]:
     """The SR frames of ``clip`` in order, a chunk at a time."""
-    for frames, lo, a, b in chunks(clip.frames(), win.chunk, win.context):
+    for frames, lo, a, b in chunks(clip.frames(), clip.count, win.chunk, win.context):
         x = _frames_tensor(frames, m.channels)
-        if win.center:  # lo + len(frames): the clip's length for the last chunk, past every window's reach before
-            rows = torch.tensor([[j - lo for j in center_window(f, lo + len(frames), win.frames)] for f in range(a, b)])
+        if win.center:
+            rows = torch.tensor([[j - lo for j in center_window(f, clip.count, win.frames)] for f in range(a, b)])
             parts = [_run(m, x[rows[i : i + _WINDOWS_AT_ONCE]], device) for i in range(0, len(rows), _WINDOWS_AT_ONCE)]
             sr = torch.cat([p[:, win.context] for p in parts])
         else:
